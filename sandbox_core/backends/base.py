@@ -1,0 +1,278 @@
+"""The backend interface. The public logic (steps, statuses, workspace, timings) lives
+here once; a backend only says how to open a session and run one process in it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sandbox_core.errors import ProtectionUnavailableError, SandfarmError
+from sandbox_core.models import (
+    BashStep,
+    CollectedFile,
+    ExecStep,
+    JobResult,
+    JobSpec,
+    Limits,
+    PythonStep,
+    ReadFileStep,
+    ResourceUsage,
+    Status,
+    StepResult,
+    StepStatus,
+    Timings,
+    WriteFileStep,
+)
+from sandbox_core.output import HeadTailBuffer
+from sandbox_core.runner import ExecOutcome
+
+# Text a runtime prints when an allocation fails under an address-space limit.
+_MEMORY_ERROR_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+
+# Python runs the step's script with cwd importable, as `python -c` would, but isolated (-I).
+PYTHON_BOOTSTRAP = (
+    "import sys; sys.path.insert(0, ''); p = sys.argv.pop(1); sys.argv[0] = p;"
+    " exec(compile(open(p, encoding='utf-8').read(), '<step>', 'exec'),"
+    " {'__name__': '__main__', '__builtins__': __builtins__})"
+)
+
+
+@dataclass(frozen=True)
+class Protection:
+    """One protection a backend may give, whether it is active here, and why (not)."""
+
+    name: str
+    active: bool
+    detail: str
+
+
+class Session(ABC):
+    """One job's sandbox: a workspace plus a way to run processes in it."""
+
+    @abstractmethod
+    def write_file(self, path: str, content: bytes) -> None: ...
+
+    @abstractmethod
+    def read_into(self, path: str, buffer: HeadTailBuffer) -> None: ...
+
+    @abstractmethod
+    def collect(self, patterns: list[str]) -> tuple[list[CollectedFile], int]: ...
+
+    @abstractmethod
+    def exec(
+        self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
+    ) -> tuple[ExecOutcome, bool]:
+        """Run one step; returns the outcome and whether the memory limit was hit."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Kill everything the job started and remove its workspace; never raises."""
+
+
+class Backend(ABC):
+    name: str = "abstract"
+
+    def __init__(self, *, allow_weaker: bool = False, worker: str | None = None) -> None:
+        self.allow_weaker = allow_weaker
+        self.worker = worker
+
+    @abstractmethod
+    def protections(self) -> list[Protection]:
+        """What this backend really gives on this host (for `sandfarm doctor`)."""
+
+    @abstractmethod
+    def open_session(self, spec: JobSpec) -> AbstractContextManager[Session]: ...
+
+    def required_protections(self, spec: JobSpec) -> list[str]:
+        required = ["tree_kill", "uid_isolation"]
+        if not spec.limits.network:
+            required.append("network_isolation")
+        return required
+
+    def check(self, spec: JobSpec) -> None:
+        """Refuse a job whose required protection is missing here, unless allowed weaker."""
+        if self.allow_weaker:
+            return
+        active = {p.name: p for p in self.protections()}
+        for name in self.required_protections(spec):
+            protection = active.get(name)
+            if protection is None or not protection.active:
+                detail = protection.detail if protection else "not offered by this backend"
+                raise ProtectionUnavailableError(name, detail)
+
+    # --- the public logic ---------------------------------------------------------
+
+    def run(
+        self,
+        spec: JobSpec,
+        *,
+        cancel: threading.Event | None = None,
+        queued_at: datetime | None = None,
+    ) -> JobResult:
+        """Run a validated job to a final JobResult. Job problems never raise."""
+        started_at = datetime.now(UTC)
+        clock = time.monotonic()
+        result = JobResult(
+            id=spec.id,
+            status=Status.RUNNING,
+            backend=self.name,
+            worker=self.worker,
+            labels=spec.labels,
+            timings=Timings(queued_at=queued_at, started_at=started_at),
+        )
+        try:
+            self.check(spec)
+            deadline = clock + spec.limits.timeout_s
+            with self.open_session(spec) as session:
+                for path, content in spec.files.items():
+                    session.write_file(path, content.encode())
+                result.steps = self._run_steps(session, spec, deadline, cancel)
+                result.files, result.files_omitted = session.collect(spec.collect)
+            result.status = job_status(result.steps)
+        except ProtectionUnavailableError as exc:
+            result.status, result.message = Status.REJECTED, str(exc)
+        except (SandfarmError, OSError) as exc:
+            result.status, result.message = Status.ERROR, f"{type(exc).__name__}: {exc}"
+        finished_at = datetime.now(UTC)
+        result.timings.finished_at = finished_at
+        result.timings.run_ms = (time.monotonic() - clock) * 1000
+        if queued_at is not None:
+            result.timings.queue_wait_ms = (started_at - queued_at).total_seconds() * 1000
+        result.resources = ResourceUsage(
+            cpu_ms=sum(s.cpu_ms for s in result.steps),
+            max_rss_kb=max((s.max_rss_kb for s in result.steps), default=0),
+        )
+        return result
+
+    def _run_steps(
+        self,
+        session: Session,
+        spec: JobSpec,
+        deadline: float,
+        cancel: threading.Event | None,
+    ) -> list[StepResult]:
+        results: list[StepResult] = []
+        stop_reason: str | None = None
+        for index, step in enumerate(spec.steps):
+            if stop_reason is None and time.monotonic() >= deadline:
+                stop_reason = "the job's deadline passed"
+            if stop_reason is None and cancel is not None and cancel.is_set():
+                stop_reason = "the job was cancelled"
+            if stop_reason is not None:
+                results.append(
+                    StepResult(kind=step.kind, status=StepStatus.SKIPPED, message=stop_reason)
+                )
+                continue
+            result = self._run_step(session, step, index, spec.limits, deadline, cancel)
+            results.append(result)
+            if result.status in (StepStatus.TIMED_OUT, StepStatus.CANCELLED):
+                stop_reason = f"step {index} {result.status.value}"
+            elif spec.stop_on_error and result.status != StepStatus.SUCCEEDED:
+                stop_reason = f"stop_on_error after step {index} {result.status.value}"
+        return results
+
+    def _run_step(
+        self,
+        session: Session,
+        step: object,
+        index: int,
+        limits: Limits,
+        deadline: float,
+        cancel: threading.Event | None,
+    ) -> StepResult:
+        began = time.monotonic()
+        if isinstance(step, WriteFileStep | ReadFileStep):
+            result = _file_step(session, step, limits)
+            result.duration_ms = (time.monotonic() - began) * 1000
+            return result
+        assert isinstance(step, BashStep | PythonStep)
+        outcome, memory_hit = session.exec(step, index, deadline, cancel)
+        status, message = classify(outcome, limits, memory_hit)
+        return StepResult(
+            kind=step.kind,
+            status=status,
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            stdout=outcome.stdout.text(),
+            stderr=outcome.stderr.text(),
+            stdout_bytes=outcome.stdout.total,
+            stderr_bytes=outcome.stderr.total,
+            truncated=outcome.stdout.truncated or outcome.stderr.truncated,
+            duration_ms=outcome.duration_ms,
+            message=message,
+            cpu_ms=outcome.cpu_ms,
+            max_rss_kb=outcome.max_rss_kb,
+        )
+
+
+def _file_step(session: Session, step: WriteFileStep | ReadFileStep, limits: Limits) -> StepResult:
+    try:
+        if isinstance(step, WriteFileStep):
+            session.write_file(step.path, step.content.encode())
+            return StepResult(kind=step.kind, status=StepStatus.SUCCEEDED, exit_code=0)
+        buffer = HeadTailBuffer(limits.output_bytes, limits.head_ratio)
+        session.read_into(step.path, buffer)
+        return StepResult(
+            kind=step.kind,
+            status=StepStatus.SUCCEEDED,
+            exit_code=0,
+            stdout=buffer.text(),
+            stdout_bytes=buffer.total,
+            truncated=buffer.truncated,
+        )
+    except (OSError, SandfarmError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+        return StepResult(
+            kind=step.kind, status=StepStatus.FAILED, exit_code=1, message=f"{step.path}: {reason}"
+        )
+
+
+def classify(outcome: ExecOutcome, limits: Limits, memory_hit: bool) -> tuple[StepStatus, str | None]:
+    """Map what happened to a process onto the one status that describes it."""
+    if outcome.cancelled:
+        return StepStatus.CANCELLED, "cancelled"
+    if outcome.flooded:
+        return StepStatus.OUTPUT_FLOODED, f"wrote more than {limits.flood_kill_bytes} bytes"
+    if outcome.timed_out:
+        return StepStatus.TIMED_OUT, f"wall-clock limit of {limits.timeout_s:g}s reached"
+    if outcome.signal == signal.SIGXCPU or (
+        outcome.signal == signal.SIGKILL and outcome.cpu_ms >= limits.cpu_s * 1000
+    ):
+        return StepStatus.TIMED_OUT, f"CPU limit of {limits.cpu_s}s reached"
+    if outcome.exit_code == 0:
+        return StepStatus.SUCCEEDED, None
+    if memory_hit:
+        return StepStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB reached"
+    if outcome.exit_code is not None:
+        tail = outcome.stderr.tail[-4096:].decode("utf-8", "replace")
+        if any(marker in tail for marker in _MEMORY_ERROR_MARKERS):
+            return StepStatus.MEMORY_EXCEEDED, f"allocation failed under {limits.memory_mb} MB"
+        return StepStatus.FAILED, None
+    name = signal.Signals(outcome.signal).name if outcome.signal else "?"
+    if outcome.signal == signal.SIGXFSZ:
+        return StepStatus.CRASHED, f"killed by {name}: file size limit of {limits.file_size_mb} MB"
+    return StepStatus.CRASHED, f"killed by {name}"
+
+
+_SEVERITY = [
+    StepStatus.CANCELLED,
+    StepStatus.TIMED_OUT,
+    StepStatus.MEMORY_EXCEEDED,
+    StepStatus.OUTPUT_FLOODED,
+    StepStatus.CRASHED,
+    StepStatus.FAILED,
+]
+
+
+def job_status(steps: list[StepResult]) -> Status:
+    """The job's status: the first abnormal end (by severity) among its steps."""
+    seen = {step.status for step in steps}
+    for status in _SEVERITY:
+        if status in seen:
+            return Status(status.value)
+    return Status.SUCCEEDED

@@ -1,0 +1,208 @@
+"""What the process and bwrap backends share: a host workspace in a slot, a per-job
+cgroup, child setup before exec, and supervised capture of each step."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+from abc import abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox_core import cgroups, slots
+from sandbox_core import defaults as d
+from sandbox_core.backends.base import PYTHON_BOOTSTRAP, Backend, Protection, Session
+from sandbox_core.cgroups import JobCgroup
+from sandbox_core.isolation import ChildSetup, rlimits_for, sweep_uid
+from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
+from sandbox_core.output import HeadTailBuffer
+from sandbox_core.runner import ExecOutcome, run_captured
+from sandbox_core.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    """Where the workspace, its tmp and the step scripts appear to the job."""
+
+    work: str
+    tmp: str
+    scripts: str
+
+
+class LocalSession(Session):
+    def __init__(self, backend: LocalBackend, spec: JobSpec, slot: slots.Slot) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.slot = slot
+        self.cgroup: JobCgroup | None = None
+        self.ws = Workspace.create(
+            slot.workspace_base(backend.workspace_base), spec.limits.workspace_mb, slot.uid, slot.gid
+        )
+        try:
+            self.scripts = self.ws.root / "scripts"
+            self.scripts.mkdir(mode=0o755)  # root-owned when root: the job reads, never edits
+            if slot.uid is not None and cgroups.detect().can_kill_tree:
+                limits = spec.limits
+                self.cgroup = JobCgroup.create(
+                    f"{slot.cgroup_prefix}{secrets.token_hex(6)}",
+                    memory_bytes=limits.memory_mb * d.MIB,
+                    pids_max=limits.processes,
+                )
+        except BaseException:
+            self.close()
+            raise
+        self.paths = backend.sandbox_paths(self)
+
+    # files: every job process is dead between steps, so the guard cannot be raced
+    def write_file(self, path: str, content: bytes) -> None:
+        self.ws.write_file(path, content)
+
+    def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
+        self.ws.read_into(path, buffer)
+
+    def collect(self, patterns: list[str]) -> tuple[list[CollectedFile], int]:
+        return self.ws.collect(patterns)
+
+    def kill_tree(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+        elif self.slot.uid is not None:
+            sweep_uid(self.slot.uid)
+
+    def exec(
+        self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
+    ) -> tuple[ExecOutcome, bool]:
+        script = self.scripts / f"step-{index}"
+        script.write_text(step.code if isinstance(step, PythonStep) else step.command)
+        script.chmod(0o644)
+        inside = f"{self.paths.scripts}/step-{index}"
+        if isinstance(step, PythonStep):
+            argv = [self.backend.python, "-I", "-c", PYTHON_BOOTSTRAP, inside]
+        else:
+            argv = ["bash", "--noprofile", "--norc", inside]
+        limits = self.spec.limits
+        ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
+        try:
+            outcome = run_captured(
+                self.backend.wrap(self, argv),
+                env=self.backend.environment(self),
+                cwd=str(self.ws.work),
+                limits=limits,
+                deadline=deadline,
+                kill_tree=self.kill_tree,
+                preexec_fn=self.backend.child_setup(self),
+                stdin_data=step.stdin.encode() if step.stdin else None,
+                cancel=cancel,
+            )
+        finally:
+            self.kill_tree()  # nothing a step started outlives it, daemon or not
+        memory_hit = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
+        return outcome, memory_hit
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kill_tree()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        self.ws.remove()
+
+
+class LocalBackend(Backend):
+    """Base of the backends that run jobs as host processes in a slot."""
+
+    def __init__(
+        self,
+        *,
+        slot: int | None = None,
+        workspace_base: Path | None = None,
+        python: str = "python3",
+        allow_weaker: bool = False,
+        worker: str | None = None,
+    ) -> None:
+        super().__init__(allow_weaker=allow_weaker, worker=worker)
+        self.slot_index = slot
+        self.workspace_base = workspace_base
+        self.python = python
+        self.is_root = os.geteuid() == 0
+
+    @contextlib.contextmanager
+    def open_session(self, spec: JobSpec) -> Iterator[LocalSession]:
+        with slots.acquire(self.slot_index, workspace_base=self.workspace_base) as slot:
+            session = LocalSession(self, spec, slot)
+            try:
+                yield session
+            finally:
+                session.close()
+
+    def environment(self, session: LocalSession) -> dict[str, str]:
+        """A clean environment: the allowlist, the sandbox's own paths, then the job's env."""
+        env = {name: os.environ[name] for name in d.ENV_ALLOWLIST if name in os.environ}
+        env.setdefault("LANG", "C.UTF-8")
+        env.update(
+            PATH=d.SANDBOX_PATH,
+            HOME=session.paths.work,
+            TMPDIR=session.paths.tmp,
+            PWD=session.paths.work,
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(session.spec.env)
+        return env
+
+    def common_protections(self) -> list[Protection]:
+        layout = cgroups.detect() if self.is_root else None
+        why_not_root = "the worker does not run as root"
+
+        def cg(name: str, available: bool, what: str) -> Protection:
+            if layout is None:
+                return Protection(name, False, why_not_root)
+            detail = what if available else "; ".join(layout.problems) or "not available"
+            return Protection(name, available, detail)
+
+        return [
+            Protection("rlimits", True, "address space, CPU, file size, processes, files, core"),
+            Protection(
+                "uid_isolation",
+                self.is_root,
+                f"slot i runs as uid {d.SLOT_UID_BASE}+i" if self.is_root else why_not_root,
+            ),
+            cg("memory_cgroup", bool(layout and layout.memory), "per-job memory cap"),
+            cg("pids_cgroup", bool(layout and layout.pids), "per-job process cap"),
+            Protection(
+                "workspace_quota",
+                self.is_root,
+                "tmpfs of workspace_mb per job" if self.is_root else why_not_root,
+            ),
+        ]
+
+    def tree_kill_protection(self) -> Protection:
+        if not self.is_root:
+            return Protection("tree_kill", False, "process group only: " + "not root")
+        layout = cgroups.detect()
+        if layout.kill_v2 is not None:
+            return Protection("tree_kill", True, f"cgroup v2 cgroup.kill under {layout.kill_v2}")
+        if layout.freezer_v1 is not None:
+            return Protection("tree_kill", True, f"cgroup v1 freezer under {layout.freezer_v1}")
+        return Protection("tree_kill", True, "per-slot uid sweep (no usable cgroup)")
+
+    @abstractmethod
+    def sandbox_paths(self, session: LocalSession) -> SandboxPaths: ...
+
+    @abstractmethod
+    def wrap(self, session: LocalSession, argv: list[str]) -> list[str]: ...
+
+    @abstractmethod
+    def child_setup(self, session: LocalSession) -> ChildSetup: ...
+
+    def base_child_setup(self, session: LocalSession, private_net: bool) -> ChildSetup:
+        return ChildSetup(
+            cgroup_procs=session.cgroup.procs_files if session.cgroup else (),
+            private_net=private_net,
+            net_as_root=self.is_root,
+            rlimits=rlimits_for(session.spec.limits),
+            uid=session.slot.uid,
+            gid=session.slot.gid,
+        )

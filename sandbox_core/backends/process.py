@@ -1,0 +1,48 @@
+"""L1: the process-group sandbox. Host filesystem readable; everything else locked."""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+from sandbox_core.backends.base import Protection
+from sandbox_core.backends.local import LocalBackend, LocalSession, SandboxPaths
+from sandbox_core.isolation import ChildSetup, private_network
+
+
+@cache
+def user_namespaces_work() -> bool:
+    """Can an unprivileged process make a user + network namespace here? (probe in a child)"""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            private_network(as_root=False)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+class ProcessBackend(LocalBackend):
+    name = "process"
+
+    def protections(self) -> list[Protection]:
+        if self.is_root:
+            net = Protection("network_isolation", True, "fresh network namespace, loopback only")
+        elif user_namespaces_work():
+            net = Protection("network_isolation", True, "user + network namespace, loopback only")
+        else:
+            net = Protection("network_isolation", False, "not root and no user namespaces")
+        return [*self.common_protections(), self.tree_kill_protection(), net]
+
+    def sandbox_paths(self, session: LocalSession) -> SandboxPaths:
+        ws = session.ws
+        return SandboxPaths(work=str(ws.work), tmp=str(ws.tmp), scripts=str(session.scripts))
+
+    def wrap(self, session: LocalSession, argv: list[str]) -> list[str]:
+        return argv
+
+    def child_setup(self, session: LocalSession) -> ChildSetup:
+        network_off = not session.spec.limits.network
+        return self.base_child_setup(session, private_net=network_off)

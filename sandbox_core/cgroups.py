@@ -1,0 +1,238 @@
+"""Per-job cgroups: whole-tree kill (v2 cgroup.kill or v1 freezer) and memory/pids caps.
+
+Works on pure cgroup v2, hybrid (v1 controllers + an empty v2 tree, as on this farm's
+hosts) and pure v1. Job groups nest under the worker's own cgroup in each hierarchy,
+so a host's accounting of the worker still covers its jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PARENT_NAME = "sandfarm"
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """Where each mechanism lives on this host; a None means unavailable."""
+
+    kill_v2: Path | None = None  # directory whose children have cgroup.kill
+    freezer_v1: Path | None = None
+    memory: Path | None = None
+    memory_v2: bool = False
+    pids: Path | None = None
+    pids_v2: bool = False
+    problems: tuple[str, ...] = ()
+
+    @property
+    def can_kill_tree(self) -> bool:
+        return self.kill_v2 is not None or self.freezer_v1 is not None
+
+
+def _own_paths() -> dict[str, str]:
+    """hierarchy controller name (or '' for v2) -> this process's cgroup path."""
+    paths: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                paths[name] = path
+    return paths
+
+
+def _prepare(base: Path, problems: list[str]) -> Path | None:
+    parent = base / PARENT_NAME
+    try:
+        parent.mkdir(exist_ok=True)
+        return parent
+    except OSError as exc:
+        problems.append(f"{parent}: {exc.strerror}")
+        return None
+
+
+@cache
+def detect() -> CgroupLayout:
+    if os.geteuid() != 0:
+        return CgroupLayout(problems=("not root: cannot create cgroups",))
+    own = _own_paths()
+    problems: list[str] = []
+    if (CGROUP_ROOT / "cgroup.controllers").exists():  # pure v2
+        parent = _prepare(CGROUP_ROOT / own.get("", "/").lstrip("/"), problems)
+        if parent is None:
+            return CgroupLayout(problems=tuple(problems))
+        available = (parent.parent / "cgroup.controllers").read_text().split()
+        enabled = []
+        for ctrl in ("memory", "pids"):
+            if ctrl in available:
+                with contextlib.suppress(OSError):
+                    (parent / "cgroup.subtree_control").write_text(f"+{ctrl}")
+                    enabled.append(ctrl)
+        return CgroupLayout(
+            kill_v2=parent,
+            memory=parent if "memory" in enabled else None,
+            memory_v2=True,
+            pids=parent if "pids" in enabled else None,
+            pids_v2=True,
+            problems=tuple(problems),
+        )
+    kill_v2 = None
+    unified = CGROUP_ROOT / "unified"
+    if (unified / "cgroup.procs").exists():
+        candidate = _prepare(unified / own.get("", "/").lstrip("/"), problems)
+        if candidate is not None and _has_kill(candidate):
+            kill_v2 = candidate
+
+    def v1(ctrl: str) -> Path | None:
+        mount = CGROUP_ROOT / ctrl
+        if not (mount / "cgroup.procs").exists():
+            problems.append(f"no cgroup v1 {ctrl} hierarchy")
+            return None
+        return _prepare(mount / own.get(ctrl, "/").lstrip("/"), problems)
+
+    return CgroupLayout(
+        kill_v2=kill_v2,
+        freezer_v1=None if kill_v2 else v1("freezer"),
+        memory=v1("memory"),
+        pids=v1("pids"),
+        problems=tuple(problems),
+    )
+
+
+def _has_kill(parent: Path) -> bool:
+    probe = parent / f"probe-{os.getpid()}"
+    try:
+        probe.mkdir(exist_ok=True)
+        return (probe / "cgroup.kill").exists()
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+
+
+@dataclass
+class JobCgroup:
+    """The cgroups of one job (one directory per hierarchy in use)."""
+
+    name: str
+    layout: CgroupLayout
+    dirs: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, name: str, memory_bytes: int, pids_max: int) -> JobCgroup:
+        layout = detect()
+        group = cls(name, layout)
+        try:
+            for base in {layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids} - {None}:
+                path = base / name
+                path.mkdir(exist_ok=True)
+                group.dirs.append(path)
+            if layout.memory is not None:
+                mem = layout.memory / name
+                if layout.memory_v2:
+                    (mem / "memory.max").write_text(str(memory_bytes))
+                    with contextlib.suppress(OSError):
+                        (mem / "memory.swap.max").write_text("0")
+                else:
+                    (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                    with contextlib.suppress(OSError):
+                        (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+            if layout.pids is not None:
+                (layout.pids / name / "pids.max").write_text(str(pids_max))
+        except BaseException:
+            group.remove()
+            raise
+        return group
+
+    @property
+    def procs_files(self) -> list[str]:
+        """Files the child writes its pid to, before exec, to join every hierarchy."""
+        return [str(path / "cgroup.procs") for path in self.dirs]
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for path in self.dirs:
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        return found
+
+    def kill(self, wait_s: float = 5.0) -> bool:
+        """Kill every process in the group, even ones that called setsid; True when empty."""
+        deadline = time.monotonic() + wait_s
+        layout = self.layout
+        while True:
+            if layout.kill_v2 is not None:
+                with contextlib.suppress(OSError):
+                    (layout.kill_v2 / self.name / "cgroup.kill").write_text("1")
+            elif layout.freezer_v1 is not None:
+                self._freeze_and_kill(layout.freezer_v1 / self.name)
+            else:
+                for pid in self.pids():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, 9)
+            if not self.pids():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+
+    @staticmethod
+    def _freeze_and_kill(path: Path) -> None:
+        # Frozen tasks cannot fork, so one pass over cgroup.procs reaches them all.
+        state = path / "freezer.state"
+        with contextlib.suppress(OSError):
+            state.write_text("FROZEN")
+            for pid in (path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), 9)
+            state.write_text("THAWED")  # SIGKILL is delivered once thawed
+
+    def oom_kills(self) -> int:
+        """How many processes of this group the kernel's OOM killer has killed so far."""
+        mem = self.layout.memory
+        if mem is None:
+            return 0
+        name = "memory.events" if self.layout.memory_v2 else "memory.oom_control"
+        with contextlib.suppress(OSError):
+            for line in (mem / self.name / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return 0
+
+    def remove(self) -> None:
+        for path in self.dirs:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+        self.dirs.clear()
+
+
+def remove_stale(prefix: str) -> int:
+    """Kill and remove job cgroups whose name starts with ``prefix``; returns how many."""
+    layout = detect()
+    names: set[str] = set()
+    for base in {layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids} - {None}:
+        with contextlib.suppress(OSError):
+            names.update(p.name for p in base.iterdir() if p.is_dir() and p.name.startswith(prefix))
+    for name in names:
+        group = JobCgroup(name, layout)
+        group.dirs = [
+            b / name
+            for b in (layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids)
+            if b is not None and (b / name).is_dir()
+        ]
+        group.kill()
+        group.remove()
+    return len(names)

@@ -1,0 +1,54 @@
+"""Every default and every farm-wide maximum, in one documented place.
+
+A job asking for more than a maximum is rejected by validation, never clamped.
+"""
+
+from __future__ import annotations
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+# Limits: (default, maximum). Minimums live next to the fields in models.py.
+TIMEOUT_S = (30.0, 3600.0)  # wall clock for the whole job, all steps together
+CPU_S = (30, 3600)  # RLIMIT_CPU per process
+MEMORY_MB = (512, 16384)  # address space per process, and the job's cgroup where available
+PROCESSES = (64, 4096)  # RLIMIT_NPROC per slot uid, and the job's pids cgroup
+OPEN_FILES = (256, 4096)  # RLIMIT_NOFILE
+FILE_SIZE_MB = (64, 4096)  # RLIMIT_FSIZE: the largest file a job may write
+OUTPUT_BYTES = (64 * KIB, 4 * MIB)  # head + tail kept per stream per step
+HEAD_RATIO = 0.5  # share of OUTPUT_BYTES given to the head
+FLOOD_KILL_BYTES = (64 * MIB, 8 * GIB)  # a step writing more than this (both streams) is killed
+WORKSPACE_MB = (256, 8192)  # tmpfs size of the workspace where the backend can mount one
+
+# Spec size caps: keep one job's spec and result small enough for Redis.
+MAX_STEPS = 128
+MAX_SOURCE_BYTES = 1 * MIB  # code / command / write_file content, each
+MAX_SEED_FILES = 256
+MAX_SEED_BYTES = 8 * MIB  # all seeded files together
+MAX_ENV_VARS = 128
+MAX_ENV_VALUE_BYTES = 32 * KIB
+MAX_LABELS = 32
+MAX_LABEL_BYTES = 256
+MAX_COLLECT_PATTERNS = 32
+MAX_PATH_BYTES = 1024  # a relative workspace path
+MAX_NAME_BYTES = 255  # one path component
+
+# Collection of workspace files into the result.
+COLLECT_MAX_FILES = 64
+COLLECT_MAX_FILE_BYTES = 256 * KIB
+COLLECT_MAX_TOTAL_BYTES = 1 * MIB
+
+# Whole-result bound: steps * 2 streams * output_bytes + collected files must fit.
+MAX_RESULT_BYTES = 32 * MIB
+
+# Process backend: slot i runs as uid/gid SLOT_UID_BASE + i when the worker is root.
+SLOT_UID_BASE = 61000
+MAX_SLOTS = 256
+# After the main process of a step exits, how long daemonised leftovers may keep
+# writing before the step's process tree is killed.
+EXIT_DRAIN_S = 0.2
+
+# The clean environment: only these names pass from the host, then the job's env.
+ENV_ALLOWLIST = ("LANG", "LC_ALL", "TZ")
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"

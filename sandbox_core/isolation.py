@@ -1,0 +1,132 @@
+"""Kernel primitives used between fork and exec: namespaces, rlimits, privilege drop.
+
+Everything here runs in the child (``preexec_fn``), so it must not take locks or start
+threads; it only makes system calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import resource
+import signal
+import socket
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sandbox_core.defaults import MIB
+from sandbox_core.models import Limits
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
+_SIOCGIFFLAGS, _SIOCSIFFLAGS = 0x8913, 0x8914
+_IFF_UP = 0x1
+
+
+def unshare(flags: int) -> None:
+    if _libc.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+
+
+def loopback_up() -> None:
+    """Bring up ``lo`` in a fresh network namespace (it starts down)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def private_network(as_root: bool) -> None:
+    """A network namespace with only loopback; unprivileged callers go via a user ns."""
+    if as_root:
+        unshare(CLONE_NEWNET)
+    else:
+        uid, gid = os.geteuid(), os.getegid()
+        unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        with open("/proc/self/setgroups", "w") as fh:
+            fh.write("deny")
+        with open("/proc/self/uid_map", "w") as fh:
+            fh.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as fh:
+            fh.write(f"{gid} {gid} 1")
+    loopback_up()
+
+
+def no_new_privileges() -> None:
+    """setuid binaries (su, ping, ...) cannot raise privileges after this."""
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def die_with_parent() -> None:
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def rlimits_for(limits: Limits) -> list[tuple[int, int, int]]:
+    """(resource, soft, hard) for a job; the hard CPU limit is one second above the soft."""
+    return [
+        (resource.RLIMIT_AS, limits.memory_mb * MIB, limits.memory_mb * MIB),
+        (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb * MIB, limits.file_size_mb * MIB),
+        (resource.RLIMIT_NPROC, limits.processes, limits.processes),
+        (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
+
+
+@dataclass(frozen=True)
+class ChildSetup:
+    """What the child does before exec, in this order (the order matters)."""
+
+    cgroup_procs: Sequence[str] = ()  # join the job's cgroups while still root
+    private_net: bool = False  # needs privilege: before the uid drop
+    net_as_root: bool = True
+    rlimits: Sequence[tuple[int, int, int]] = ()
+    uid: int | None = None
+    gid: int | None = None
+    umask: int = 0o022
+
+    def __call__(self) -> None:
+        pid = str(os.getpid())
+        for path in self.cgroup_procs:
+            with open(path, "w") as fh:
+                fh.write(pid)
+        if self.private_net:
+            private_network(self.net_as_root)
+        for res, soft, hard in self.rlimits:
+            resource.setrlimit(res, (soft, hard))
+        if self.uid is not None:
+            gid = self.gid if self.gid is not None else self.uid
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(self.uid, self.uid, self.uid)
+        die_with_parent()  # after the uid change, which would clear it
+        no_new_privileges()
+        os.umask(self.umask)
+
+
+def sweep_uid(uid: int) -> None:
+    """Kill every process running as ``uid`` (a slot uid): a child takes the uid and
+    signals -1, which reaches exactly the processes that uid may signal."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            for _ in range(1000):  # a fork bomb races us; RLIMIT_NPROC bounds the race
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+KillFn = Callable[[], None]

@@ -1,0 +1,280 @@
+"""The job contract: JobSpec in, JobResult out. Shared by every component."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from sandbox_core import defaults as d
+from sandbox_core.errors import PathEscapeError, SpecError
+from sandbox_core.pathguard import check_relative_path
+
+BackendName = Literal["process", "bwrap", "docker"]
+
+
+class Status(StrEnum):
+    """One meaning per status, on every backend."""
+
+    SUCCEEDED = "succeeded"  # every step exited 0
+    FAILED = "failed"  # a step exited non-zero
+    TIMED_OUT = "timed_out"  # wall-clock or CPU limit reached
+    MEMORY_EXCEEDED = "memory_exceeded"  # memory limit reached (OOM kill or allocation failure)
+    OUTPUT_FLOODED = "output_flooded"  # a step wrote more than flood_kill_bytes and was killed
+    CRASHED = "crashed"  # killed by a signal it did not ask for
+    REJECTED = "rejected"  # the spec broke a policy or limit; nothing ran
+    ERROR = "error"  # the farm failed (after retries)
+    CANCELLED = "cancelled"  # cancelled by the client
+    QUEUED = "queued"  # in flight: waiting for a worker
+    RUNNING = "running"  # in flight: in a sandbox
+
+    @property
+    def is_final(self) -> bool:
+        return self not in (Status.QUEUED, Status.RUNNING)
+
+
+class StepStatus(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    MEMORY_EXCEEDED = "memory_exceeded"
+    OUTPUT_FLOODED = "output_flooded"
+    CRASHED = "crashed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"  # not run: stop_on_error after a failure, or the deadline passed
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+def _relative_path(value: str) -> str:
+    try:
+        return check_relative_path(value)
+    except PathEscapeError as exc:
+        raise ValueError(exc.reason) from None
+
+
+def _glob_pattern(value: str) -> str:
+    # A glob is checked like a path: no absolute patterns, no "..", no NUL.
+    try:
+        check_relative_path(value)
+    except PathEscapeError as exc:
+        raise ValueError(exc.reason) from None
+    return value
+
+
+def _bounded_text(limit: int):
+    def check(value: str) -> str:
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise ValueError(f"is {size} bytes; the maximum is {limit}")
+        if "\x00" in value:
+            raise ValueError("contains a NUL byte")
+        return value
+
+    return AfterValidator(check)
+
+
+RelPath = Annotated[str, AfterValidator(_relative_path)]
+GlobPattern = Annotated[str, AfterValidator(_glob_pattern)]
+Source = Annotated[str, _bounded_text(d.MAX_SOURCE_BYTES)]
+Stdin = Annotated[str | None, Field(default=None, max_length=d.MAX_SOURCE_BYTES)]
+
+
+class BashStep(_Strict):
+    kind: Literal["bash"] = "bash"
+    command: Source = Field(min_length=1)
+    stdin: Stdin = None
+
+
+class PythonStep(_Strict):
+    kind: Literal["python"] = "python"
+    code: Source = Field(min_length=1)
+    stdin: Stdin = None
+
+
+class WriteFileStep(_Strict):
+    kind: Literal["write_file"] = "write_file"
+    path: RelPath
+    content: Source = ""
+
+
+class ReadFileStep(_Strict):
+    kind: Literal["read_file"] = "read_file"
+    path: RelPath
+
+
+Step = Annotated[
+    BashStep | PythonStep | WriteFileStep | ReadFileStep, Field(discriminator="kind")
+]
+ExecStep = BashStep | PythonStep
+
+
+class Limits(_Strict):
+    """Per-job limits; each has a default and a farm-wide maximum (sandbox_core.defaults)."""
+
+    timeout_s: float = Field(d.TIMEOUT_S[0], gt=0, le=d.TIMEOUT_S[1])
+    cpu_s: int = Field(d.CPU_S[0], ge=1, le=d.CPU_S[1])
+    memory_mb: int = Field(d.MEMORY_MB[0], ge=32, le=d.MEMORY_MB[1])
+    processes: int = Field(d.PROCESSES[0], ge=1, le=d.PROCESSES[1])
+    open_files: int = Field(d.OPEN_FILES[0], ge=16, le=d.OPEN_FILES[1])
+    file_size_mb: int = Field(d.FILE_SIZE_MB[0], ge=1, le=d.FILE_SIZE_MB[1])
+    output_bytes: int = Field(d.OUTPUT_BYTES[0], ge=64, le=d.OUTPUT_BYTES[1])
+    head_ratio: float = Field(d.HEAD_RATIO, ge=0.0, le=1.0)
+    flood_kill_bytes: int = Field(d.FLOOD_KILL_BYTES[0], ge=1024, le=d.FLOOD_KILL_BYTES[1])
+    network: bool = False
+    workspace_mb: int = Field(d.WORKSPACE_MB[0], ge=1, le=d.WORKSPACE_MB[1])
+
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class JobSpec(_Strict):
+    """What to run. ``code`` / ``command`` are one-step shorthands for ``steps``."""
+
+    id: str | None = Field(None, description="client idempotency key")
+    backend: BackendName | None = Field(None, description="None: the worker's default")
+    image: str | None = Field(None, max_length=256, description="docker backend only")
+    steps: list[Step] = Field(default_factory=list, max_length=d.MAX_STEPS)
+    code: Source | None = Field(None, description="shorthand: one python step")
+    command: Source | None = Field(None, description="shorthand: one bash step")
+    stop_on_error: bool = Field(False, description="stop at the first step that does not succeed")
+    files: dict[RelPath, Source] = Field(default_factory=dict, max_length=d.MAX_SEED_FILES)
+    env: dict[str, str] = Field(default_factory=dict, max_length=d.MAX_ENV_VARS)
+    limits: Limits = Field(default_factory=Limits)
+    collect: list[GlobPattern] = Field(default_factory=list, max_length=d.MAX_COLLECT_PATTERNS)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=d.MAX_LABELS)
+
+    @model_validator(mode="after")
+    def _normalise(self) -> JobSpec:
+        if self.id is not None and not _ID_RE.match(self.id):
+            raise SpecError("id", "must be 1-128 of [A-Za-z0-9._:@-], starting alphanumeric")
+        shorthands = [name for name in ("code", "command") if getattr(self, name) is not None]
+        if shorthands and self.steps:
+            raise SpecError(shorthands[0], "give either steps or a one-step shorthand, not both")
+        if len(shorthands) > 1:
+            raise SpecError("command", "give either code or command, not both")
+        if self.code is not None:
+            self.steps = [PythonStep(code=self.code)]
+            self.code = None
+        if self.command is not None:
+            self.steps = [BashStep(command=self.command)]
+            self.command = None
+        if not self.steps:
+            raise SpecError("steps", "the job is empty: give steps, code or command")
+        seeded = sum(len(v.encode()) for v in self.files.values())
+        if seeded > d.MAX_SEED_BYTES:
+            raise SpecError("files", f"{seeded} bytes in all; the maximum is {d.MAX_SEED_BYTES}")
+        for name, value in self.env.items():
+            if not _ENV_NAME_RE.match(name):
+                raise SpecError(f"env.{name}", "not a valid environment variable name")
+            if len(value.encode()) > d.MAX_ENV_VALUE_BYTES or "\x00" in value:
+                raise SpecError(f"env.{name}", "value too long or contains NUL")
+        for key, value in self.labels.items():
+            if len(key.encode()) > d.MAX_LABEL_BYTES or len(value.encode()) > d.MAX_LABEL_BYTES:
+                raise SpecError(f"labels.{key}", f"key and value are at most {d.MAX_LABEL_BYTES} B")
+        worst = len(self.steps) * 2 * self.limits.output_bytes + d.COLLECT_MAX_TOTAL_BYTES
+        if worst > d.MAX_RESULT_BYTES:
+            raise SpecError(
+                "limits.output_bytes",
+                f"{len(self.steps)} steps x 2 streams x {self.limits.output_bytes} B could exceed"
+                f" the result bound of {d.MAX_RESULT_BYTES} B",
+            )
+        if self.image is not None and self.backend not in (None, "docker"):
+            raise SpecError("image", "only the docker backend takes an image")
+        return self
+
+    def summary(self) -> str:
+        """A short, code-free description for logs and Flower."""
+        kinds = ",".join(step.kind for step in self.steps)
+        labels = " ".join(f"{k}={v}" for k, v in list(self.labels.items())[:4])
+        return f"job={self.id or '-'} backend={self.backend or 'default'} steps=[{kinds}] {labels}"
+
+
+class StepResult(_Strict):
+    kind: str
+    status: StepStatus
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    truncated: bool = False
+    duration_ms: float = 0.0
+    cpu_ms: float = 0.0
+    max_rss_kb: int = 0
+    message: str | None = None
+
+
+class CollectedFile(_Strict):
+    path: str
+    size: int
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    content: str
+    truncated: bool = False
+
+
+class Timings(_Strict):
+    queued_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    queue_wait_ms: float | None = None
+    run_ms: float | None = None
+
+
+class ResourceUsage(_Strict):
+    cpu_ms: float = 0.0
+    max_rss_kb: int = 0
+
+
+class JobResult(_Strict):
+    id: str | None = None
+    status: Status
+    message: str | None = None
+    steps: list[StepResult] = Field(default_factory=list)
+    files: list[CollectedFile] = Field(default_factory=list)
+    files_omitted: int = 0
+    timings: Timings = Field(default_factory=Timings)
+    backend: str | None = None
+    worker: str | None = None
+    attempts: int = 0
+    resources: ResourceUsage = Field(default_factory=ResourceUsage)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+def first_error(exc: ValidationError) -> SpecError:
+    """The first offending field of a ValidationError, with its value and the reason."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(part) for part in err["loc"])
+    ctx_error = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, SpecError):
+        field = f"{loc}.{ctx_error.field}" if loc else ctx_error.field
+        return SpecError(field, ctx_error.reason)
+    value = repr(err.get("input"))
+    if len(value) > 60:
+        value = value[:57] + "..."
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return SpecError(loc or "job", f"{err['msg']} (got {value}){more}", err.get("input"))
+
+
+def parse_spec(data: object) -> JobSpec:
+    """Validate raw data (a dict, or JSON text) into a JobSpec; SpecError names the field."""
+    try:
+        if isinstance(data, str | bytes):
+            return JobSpec.model_validate_json(data)
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise first_error(exc) from None

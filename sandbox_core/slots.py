@@ -1,0 +1,104 @@
+"""Sandbox slots: one job at a time per slot, each slot with its own unprivileged uid.
+
+A slot is held with an flock, so two processes (two pool children, or a test and a
+worker) never run jobs in the same slot; the lock dies with its holder. Taking a slot
+first sweeps whatever a dead previous holder left behind in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox_core import cgroups
+from sandbox_core import defaults as d
+from sandbox_core.errors import SlotBusyError
+from sandbox_core.isolation import sweep_uid
+from sandbox_core.workspace import unmount
+
+
+def state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/sandfarm")
+    return Path(tempfile.gettempdir()) / f"sandfarm-{os.geteuid()}"
+
+
+def default_workspace_base() -> Path:
+    return Path(os.environ.get("SANDFARM_WORKSPACE_DIR") or (state_dir() / "work"))
+
+
+@dataclass
+class Slot:
+    index: int
+    uid: int | None  # None: not root, jobs run as the caller
+    gid: int | None
+    _lock_fd: int | None = None
+
+    @property
+    def cgroup_prefix(self) -> str:
+        return f"slot{self.index}-"
+
+    def workspace_base(self, base: Path | None = None) -> Path:
+        return (base or default_workspace_base()) / f"slot-{self.index}"
+
+    def release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _try_lock(index: int, blocking: bool) -> int | None:
+    locks = state_dir() / "slots"
+    locks.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(locks / f"{index}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def acquire(
+    index: int | None = None, timeout_s: float = 30.0, workspace_base: Path | None = None
+) -> Slot:
+    """Hold slot ``index`` (or the first free one), after sweeping its leftovers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        candidates = [index] if index is not None else range(d.MAX_SLOTS)
+        for i in candidates:
+            fd = _try_lock(i, blocking=False)
+            if fd is not None:
+                root = os.geteuid() == 0
+                uid = d.SLOT_UID_BASE + i if root else None
+                slot = Slot(i, uid, uid, fd)
+                sweep(slot, workspace_base)
+                return slot
+        if time.monotonic() > deadline:
+            raise SlotBusyError(f"no sandbox slot free after {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
+def sweep(slot: Slot, workspace_base: Path | None = None) -> None:
+    """Remove what a previous holder of this slot left: processes, cgroups, workspaces."""
+    if slot.uid is not None:
+        sweep_uid(slot.uid)
+        cgroups.remove_stale(slot.cgroup_prefix)
+    base = slot.workspace_base(workspace_base)
+    if base.is_dir():
+        for leftover in base.iterdir():
+            unmount(str(leftover))
+            with contextlib.suppress(OSError):
+                shutil.rmtree(leftover)

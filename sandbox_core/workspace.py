@@ -1,0 +1,185 @@
+"""A fresh private directory per job: seeded, guarded, collected, and always removed."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import fnmatch
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox_core import defaults as d
+from sandbox_core.models import CollectedFile
+from sandbox_core.output import HeadTailBuffer, _complete_prefix_length
+from sandbox_core.pathguard import resolve_inside
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_MS_NOSUID, _MS_NODEV = 2, 4
+_MNT_DETACH = 2
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def mount_tmpfs(target: str, size_mb: int, uid: int, gid: int) -> None:
+    opts = f"size={size_mb}m,mode=0700,uid={uid},gid={gid}".encode()
+    if _libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
+
+
+def unmount(target: str) -> None:
+    _libc.umount2(target.encode(), _MNT_DETACH)
+
+
+@dataclass
+class Workspace:
+    """``root`` holds ``work`` (the job's cwd and HOME) and ``tmp`` (its TMPDIR)."""
+
+    root: Path
+    uid: int | None
+    gid: int | None
+    mounted: bool = False
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @classmethod
+    def create(
+        cls, base: Path, size_mb: int, uid: int | None = None, gid: int | None = None
+    ) -> Workspace:
+        base.mkdir(parents=True, exist_ok=True)
+        os.chmod(base, 0o711)  # others may pass through to their own job dir, not list it
+        root = base / f"job-{secrets.token_hex(8)}"
+        root.mkdir(mode=0o700)
+        ws = cls(root, uid, gid)
+        try:
+            if os.geteuid() == 0 and uid is not None:
+                # A tmpfs bounds the workspace size and is removed in one unmount.
+                mount_tmpfs(str(root), size_mb, uid, gid if gid is not None else uid)
+                ws.mounted = True
+            for sub in (ws.work, ws.tmp):
+                sub.mkdir(mode=0o700)
+                ws._chown(sub)
+            ws._chown(root)
+        except BaseException:
+            ws.remove()
+            raise
+        return ws
+
+    def _chown(self, path: Path | int) -> None:
+        if self.uid is not None and os.geteuid() == 0:
+            if isinstance(path, int):
+                os.fchown(path, self.uid, self.gid if self.gid is not None else self.uid)
+            else:
+                os.chown(path, self.uid, self.gid if self.gid is not None else self.uid)
+
+    def remove(self) -> None:
+        if self.mounted:
+            unmount(str(self.root))
+            self.mounted = False
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    # --- files in and out; only call while no job process is alive -----------------
+
+    def write_file(self, path: str, content: bytes) -> None:
+        target = resolve_inside(self.work, path)
+        parent = Path(target).parent
+        missing = [p for p in [parent, *parent.parents] if not p.exists()]
+        for directory in reversed(missing):
+            directory.mkdir(mode=0o755)
+            self._chown(directory)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            self._chown(fd)
+            with os.fdopen(fd, "wb", closefd=False) as fh:
+                fh.write(content)
+        finally:
+            os.close(fd)
+
+    def seed(self, files: dict[str, str]) -> None:
+        for path, content in files.items():
+            self.write_file(path, content.encode())
+
+    def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
+        """Stream a workspace file into ``buffer``; refuses links and non-regular files."""
+        fd = os.open(resolve_inside(self.work, path), _READ_FLAGS)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise IsADirectoryError(f"{path} is not a regular file")
+            while chunk := os.read(fd, 1 << 16):
+                buffer.write(chunk)
+        finally:
+            os.close(fd)
+
+    def _regular_files(self) -> Iterator[str]:
+        for dirpath, dirnames, filenames in os.walk(self.work, followlinks=False):
+            dirnames.sort()
+            for name in sorted(filenames):
+                full = os.path.join(dirpath, name)
+                if stat.S_ISREG(os.lstat(full).st_mode):  # never a symlink, FIFO or device
+                    yield os.path.relpath(full, self.work)
+
+    def collect(
+        self,
+        patterns: Iterable[str],
+        max_files: int = d.COLLECT_MAX_FILES,
+        max_file_bytes: int = d.COLLECT_MAX_FILE_BYTES,
+        max_total_bytes: int = d.COLLECT_MAX_TOTAL_BYTES,
+    ) -> tuple[list[CollectedFile], int]:
+        """Files matching any pattern (fnmatch; ``*`` also crosses ``/``), bounded.
+
+        Returns the files and how many matching files were left out.
+        """
+        patterns = list(patterns)
+        if not patterns or not self.work.is_dir():
+            return [], 0
+        collected: list[CollectedFile] = []
+        omitted = 0
+        budget = max_total_bytes
+        for rel in self._regular_files():
+            if not any(fnmatch.fnmatchcase(rel, pat) for pat in patterns):
+                continue
+            if len(collected) >= max_files or budget <= 0:
+                omitted += 1
+                continue
+            with contextlib.suppress(OSError):
+                collected.append(self._read_collected(rel, min(max_file_bytes, budget)))
+                budget -= len(collected[-1].content)
+        return collected, omitted
+
+    def _read_collected(self, rel: str, limit: int) -> CollectedFile:
+        fd = os.open(resolve_inside(self.work, rel), _READ_FLAGS)
+        try:
+            size = os.fstat(fd).st_size
+            data = os.read(fd, limit)
+        finally:
+            os.close(fd)
+        truncated = size > len(data)
+        try:
+            text = data[: _complete_prefix_length(data)].decode() if truncated else data.decode()
+            return CollectedFile(path=rel, size=size, content=text, truncated=truncated)
+        except UnicodeDecodeError:
+            raw = data[: limit * 3 // 4]  # base64 grows by 4/3; stay inside the budget
+            return CollectedFile(
+                path=rel,
+                size=size,
+                encoding="base64",
+                content=base64.b64encode(raw).decode(),
+                truncated=size > len(raw),
+            )
