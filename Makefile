@@ -1,0 +1,41 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set themselves up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup services demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	ops/setup.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Start what the tests and the demo need (Redis, a Docker engine, bubblewrap), when root.
+services: setup
+	ops/services.sh
+
+demo: services
+	ops/demo.sh
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: services lint
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: services
+	$(BIN)/python ops/bench/sandbox_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

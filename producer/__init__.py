@@ -1,0 +1,1 @@
+"""producer: the client side of sandfarm (SDK, batch runner, CLI). Never imports worker code."""

@@ -1,0 +1,18 @@
+"""`sandfarm`: a thin shell over library calls."""
+
+from __future__ import annotations
+
+import click
+
+from producer.commands import batch, farm, local
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sandfarm")
+def main() -> None:
+    """sandfarm: run untrusted, agent-generated code in bounded sandboxes, at scale."""
+
+
+local.register(main)
+farm.register(main)
+batch.register(main)

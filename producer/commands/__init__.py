@@ -1,0 +1,1 @@
+"""CLI commands, grouped by what they need: local ones use sandbox_core only."""

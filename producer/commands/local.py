@@ -1,0 +1,145 @@
+"""Commands that need no farm: schema, doctor, run (sandbox_core directly)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from sandbox_core import BACKEND_NAMES, JobResult, JobSpec, SpecError, get_backend, parse_spec
+from sandbox_core.errors import BackendUnavailableError
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One line on stderr, then exit: bad input is 2, a farm failure 1."""
+    click.echo(f"sandfarm: error: {message}", err=True)
+    sys.exit(code)
+
+
+def spec_from_options(
+    code: str | None,
+    command: str | None,
+    job: str | None,
+    overrides: dict[str, object],
+    backend: str | None = None,
+) -> JobSpec:
+    """Build and validate a spec from --code/--command/--job plus limit overrides."""
+    given = [name for name, value in (("--code", code), ("--command", command), ("--job", job)) if value]
+    if len(given) != 1:
+        fail("give exactly one of --code, --command or --job")
+    if job:
+        try:
+            text = sys.stdin.read() if job == "-" else Path(job).read_text()
+            data = json.loads(text)
+        except (OSError, ValueError) as exc:
+            fail(f"--job {job}: {exc}")
+        if not isinstance(data, dict):
+            fail(f"--job {job}: a job is a JSON object")
+    else:
+        data = {"code": code} if code else {"command": command}
+    limits = {k: v for k, v in overrides.items() if v is not None}
+    if limits:
+        data["limits"] = {**(data.get("limits") or {}), **limits}
+    if backend and not data.get("backend"):
+        data["backend"] = backend
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        fail(str(exc))
+    raise AssertionError("unreachable")
+
+
+def print_result(result: JobResult, as_json: bool) -> None:
+    if as_json:
+        click.echo(result.model_dump_json())
+        return
+    for index, step in enumerate(result.steps):
+        head = f"--- step {index} {step.kind}: {step.status.value}"
+        extra = f" exit={step.exit_code}" if step.exit_code is not None else ""
+        extra += f" signal={step.signal}" if step.signal else ""
+        click.echo(f"{head}{extra} ({step.duration_ms:.0f} ms)", err=True)
+        if step.stdout:
+            click.echo(step.stdout, nl=not step.stdout.endswith("\n"))
+        if step.stderr:
+            click.echo(step.stderr, nl=not step.stderr.endswith("\n"), err=True)
+        if step.message:
+            click.echo(f"    {step.message}", err=True)
+    tail = f": {result.message}" if result.message else ""
+    click.echo(f"=== {result.status.value}{tail}", err=True)
+
+
+def limit_options(func):
+    func = click.option("--network/--no-network", default=None, help="allow network")(func)
+    func = click.option("--memory-mb", type=int, help="memory limit in MB")(func)
+    func = click.option("--timeout", "timeout_s", type=float, help="wall timeout in seconds")(func)
+    return func
+
+
+def register(group: click.Group) -> None:
+    group.add_command(schema)
+    group.add_command(doctor)
+    group.add_command(run)
+
+
+@click.command()
+@click.option("--result", is_flag=True, help="the JobResult schema instead of JobSpec")
+def schema(result: bool) -> None:
+    """Print the JSON Schema of a job (or of a result)."""
+    model = JobResult if result else JobSpec
+    click.echo(json.dumps(model.model_json_schema(), indent=2))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def doctor(as_json: bool) -> None:
+    """Show which protections each backend really gives on this host, and why not."""
+    report: dict[str, object] = {}
+    for name in BACKEND_NAMES:
+        try:
+            backend = get_backend(name)
+            report[name] = [p.__dict__ for p in backend.protections()]
+        except (ImportError, BackendUnavailableError, OSError) as exc:
+            report[name] = f"unavailable: {exc}"
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for name, items in report.items():
+        click.echo(f"{name}:")
+        if isinstance(items, str):
+            click.echo(f"  {items}")
+            continue
+        for item in items:
+            mark = "yes" if item["active"] else "NO "
+            click.echo(f"  [{mark}] {item['name']:<18} {item['detail']}")
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default="process", show_default=True)
+@click.option("--code", help="Python code to run (one python step)")
+@click.option("--command", help="shell command to run (one bash step)")
+@click.option("--job", help="a JobSpec JSON file, or - for stdin")
+@limit_options
+@click.option("--allow-weaker", is_flag=True, help="run even where a protection is missing")
+@click.option("--json", "as_json", is_flag=True, help="print exactly one JobResult JSON document")
+def run(
+    backend: str,
+    code: str | None,
+    command: str | None,
+    job: str | None,
+    timeout_s: float | None,
+    memory_mb: int | None,
+    network: bool | None,
+    allow_weaker: bool,
+    as_json: bool,
+) -> None:
+    """Run one job locally, no queue. Exit 0 whenever a result was produced."""
+    spec = spec_from_options(
+        code, command, job, {"timeout_s": timeout_s, "memory_mb": memory_mb, "network": network}
+    )
+    try:
+        sandbox = get_backend(spec.backend or backend, allow_weaker=allow_weaker)
+    except (BackendUnavailableError, ImportError) as exc:
+        fail(f"backend {backend}: {exc}", code=1)
+    print_result(sandbox.run(spec), as_json)
