@@ -1,0 +1,37 @@
+"""Shared test plumbing. A missing service skips locally but fails under CI=true."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip (locally) or fail (in CI) when a real service the test needs is missing."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required service missing under CI=true: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    url = os.environ.get("SANDFARM_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+        ok = True
+    except redis.RedisError:
+        ok = False
+    require(ok, f"no Redis answers at {url}")
+    return url
+
+
+@pytest.fixture(scope="session")
+def is_root() -> bool:
+    return os.geteuid() == 0
