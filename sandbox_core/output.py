@@ -73,6 +73,11 @@ class HeadTailBuffer:
     def tail(self) -> bytes:
         return bytes(self._tail[-self.tail_limit :]) if self.tail_limit else b""
 
+    def last(self, count: int) -> bytes:
+        """The last ``count`` kept bytes (from the tail, or the head if nothing was cut)."""
+        kept = self.tail if self.truncated else self.head + self.tail
+        return kept[-count:]
+
     @property
     def omitted(self) -> int:
         return self.total - len(self._head) - len(self.tail)

@@ -249,7 +249,7 @@ def classify(outcome: ExecOutcome, limits: Limits, memory_hit: bool) -> tuple[St
     if memory_hit:
         return StepStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB reached"
     if outcome.exit_code is not None:
-        tail = outcome.stderr.tail[-4096:].decode("utf-8", "replace")
+        tail = outcome.stderr.last(4096).decode("utf-8", "replace")
         if any(marker in tail for marker in _MEMORY_ERROR_MARKERS):
             return StepStatus.MEMORY_EXCEEDED, f"allocation failed under {limits.memory_mb} MB"
         return StepStatus.FAILED, None

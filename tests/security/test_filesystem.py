@@ -1,0 +1,60 @@
+"""The path guard: nothing outside the workspace is read or written through the farm."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandbox_core import PathEscapeError, SpecError, Status, parse_spec
+from sandbox_core.pathguard import resolve_inside
+
+
+@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "a/../../x", "a\x00b"])
+def test_bad_paths_are_refused_at_validation(path):
+    for spec in (
+        {"steps": [{"kind": "read_file", "path": path}]},
+        {"steps": [{"kind": "write_file", "path": path, "content": "x"}]},
+        {"command": "true", "files": {path: "x"}},
+    ):
+        with pytest.raises(SpecError):
+            parse_spec(spec)
+
+
+def test_symlink_to_etc_is_refused_for_reads_and_writes(run):
+    target = "/etc/sandfarm-should-not-exist"
+    result = run(
+        steps=[
+            {"kind": "bash", "command": "ln -s /etc link && ln -s /etc/passwd pw"},
+            {"kind": "read_file", "path": "link/passwd"},
+            {"kind": "read_file", "path": "pw"},
+            {"kind": "write_file", "path": "link/sandfarm-should-not-exist", "content": "x"},
+        ],
+        collect=["*"],
+    )
+    read_dir, read_link, write = result.steps[1:]
+    for step in (read_dir, read_link, write):
+        assert step.status == "failed", step
+        assert "root:" not in step.stdout
+    assert "outside the workspace" in read_dir.message
+    assert not os.path.exists(target)
+    assert all("root:" not in f.content for f in result.files)
+    assert {f.path for f in result.files} == set()  # symlinks are never collected
+
+
+def test_resolve_inside_refuses_symlink_out(tmp_path):
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(PathEscapeError):
+        resolve_inside(tmp_path, "link/passwd")
+    assert resolve_inside(tmp_path, "ok/file") == str(tmp_path / "ok" / "file")
+
+
+def test_collect_is_bounded(run):
+    result = run(
+        command="for i in $(seq 100); do echo $i > f$i.txt; done; head -c 600000 /dev/zero > big.bin",
+        collect=["*.txt", "*.bin"],
+    )
+    assert result.status == Status.SUCCEEDED
+    assert len(result.files) <= 64
+    assert result.files_omitted >= 100 + 1 - 64
+    assert sum(len(f.content) for f in result.files) <= 1024 * 1024 * 4 // 3 + 1

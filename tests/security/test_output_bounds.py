@@ -1,0 +1,71 @@
+"""Output is bounded head + tail with true counts, whatever the job prints."""
+
+from __future__ import annotations
+
+import json
+import resource
+
+from sandbox_core import Status
+
+FLOOD = """
+import sys
+out = sys.stdout.buffer
+out.write(b"FIRST LINE\\n")
+block = b"x" * 1023 + b"\\n"
+for _ in range({blocks}):
+    out.write(block)
+out.write(b"LAST LINE\\n")
+"""
+
+
+def _check_flood(result, blocks: int, budget: int) -> None:
+    step = result.steps[0]
+    assert result.status == Status.SUCCEEDED, result
+    assert step.stdout.startswith("FIRST LINE\n")
+    assert step.stdout.endswith("LAST LINE\n")
+    assert step.stdout_bytes == len("FIRST LINE\n") + blocks * 1024 + len("LAST LINE\n")
+    assert step.truncated
+    kept = len(step.stdout.encode())
+    assert kept <= budget + 100  # the budget plus the "bytes omitted" marker
+
+
+def test_flood_of_300kb_keeps_head_and_tail(run):
+    result = run(code=FLOOD.format(blocks=300), limits={"output_bytes": 8192})
+    _check_flood(result, 300, 8192)
+
+
+def test_flood_of_1gb_is_bounded_in_worker_memory(run):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    blocks = 1024 * 1024  # 1 GiB
+    result = run(
+        code=FLOOD.format(blocks=blocks),
+        limits={"output_bytes": 65536, "flood_kill_bytes": 2 * 1024**3, "timeout_s": 120},
+    )
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    _check_flood(result, blocks, 65536)
+    assert grown_kb < 32 * 1024, f"worker RSS grew by {grown_kb} KiB"
+
+
+def test_flood_past_the_kill_threshold_is_stopped(run):
+    result = run(command="yes flood", limits={"flood_kill_bytes": 1024 * 1024, "timeout_s": 20})
+    step = result.steps[0]
+    assert result.status == Status.OUTPUT_FLOODED, result
+    assert step.status.value == "output_flooded"
+    assert step.stdout_bytes >= 1024 * 1024
+    assert step.duration_ms < 10_000
+
+
+def test_stderr_flood_is_bounded_too(run):
+    result = run(command="head -c 2000000 /dev/zero | tr '\\0' e >&2; echo done")
+    step = result.steps[0]
+    assert step.stderr_bytes == 2_000_000
+    assert len(step.stderr) < 70_000
+    assert step.stdout == "done\n"
+
+
+def test_invalid_utf8_output_yields_valid_json(run):
+    result = run(command="printf 'ok \\xff\\xfe\\xc3 end\\n'; printf '\\x80\\x81' >&2")
+    document = json.loads(result.model_dump_json())
+    assert "\ufffd" in document["steps"][0]["stdout"]
+    assert document["steps"][0]["stdout"].startswith("ok ")
+    assert document["steps"][0]["stderr_bytes"] == 2
