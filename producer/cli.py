@@ -16,3 +16,7 @@ def main() -> None:
 local.register(main)
 farm.register(main)
 batch.register(main)
+
+
+if __name__ == "__main__":
+    main()

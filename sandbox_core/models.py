@@ -115,9 +115,7 @@ class ReadFileStep(_Strict):
     path: RelPath
 
 
-Step = Annotated[
-    BashStep | PythonStep | WriteFileStep | ReadFileStep, Field(discriminator="kind")
-]
+Step = Annotated[BashStep | PythonStep | WriteFileStep | ReadFileStep, Field(discriminator="kind")]
 ExecStep = BashStep | PythonStep
 
 

@@ -92,7 +92,9 @@ class HeadTailBuffer:
         if not self.truncated:
             return (head + tail).decode("utf-8", "replace")
         keep = _complete_prefix_length(head)
-        head_text = head[:keep].decode("utf-8", "replace") + (REPLACEMENT if keep < len(head) else "")
+        head_text = head[:keep].decode("utf-8", "replace") + (
+            REPLACEMENT if keep < len(head) else ""
+        )
         skip = _leading_continuations(tail)
         tail_text = (REPLACEMENT if skip else "") + tail[skip:].decode("utf-8", "replace")
         return f"{head_text}\n[... {self.omitted} bytes omitted ...]\n{tail_text}"

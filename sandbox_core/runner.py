@@ -172,7 +172,9 @@ def _read(fd: int) -> bytes | None:
         return b""
 
 
-def _feed(proc: subprocess.Popen[bytes], sel: selectors.BaseSelector, data: memoryview) -> memoryview:
+def _feed(
+    proc: subprocess.Popen[bytes], sel: selectors.BaseSelector, data: memoryview
+) -> memoryview:
     assert proc.stdin is not None
     fd = proc.stdin.fileno()
     try:

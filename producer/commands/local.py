@@ -26,7 +26,9 @@ def spec_from_options(
     backend: str | None = None,
 ) -> JobSpec:
     """Build and validate a spec from --code/--command/--job plus limit overrides."""
-    given = [name for name, value in (("--code", code), ("--command", command), ("--job", job)) if value]
+    given = [
+        name for name, value in (("--code", code), ("--command", command), ("--job", job)) if value
+    ]
     if len(given) != 1:
         fail("give exactly one of --code, --command or --job")
     if job:

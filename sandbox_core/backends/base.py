@@ -232,7 +232,9 @@ def _file_step(session: Session, step: WriteFileStep | ReadFileStep, limits: Lim
         )
 
 
-def classify(outcome: ExecOutcome, limits: Limits, memory_hit: bool) -> tuple[StepStatus, str | None]:
+def classify(
+    outcome: ExecOutcome, limits: Limits, memory_hit: bool
+) -> tuple[StepStatus, str | None]:
     """Map what happened to a process onto the one status that describes it."""
     if outcome.cancelled:
         return StepStatus.CANCELLED, "cancelled"

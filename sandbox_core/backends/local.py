@@ -39,7 +39,10 @@ class LocalSession(Session):
         self.slot = slot
         self.cgroup: JobCgroup | None = None
         self.ws = Workspace.create(
-            slot.workspace_base(backend.workspace_base), spec.limits.workspace_mb, slot.uid, slot.gid
+            slot.workspace_base(backend.workspace_base),
+            spec.limits.workspace_mb,
+            slot.uid,
+            slot.gid,
         )
         try:
             self.scripts = self.ws.root / "scripts"

@@ -21,7 +21,8 @@ def pids_with_marker(marker: str) -> list[int]:
         try:
             cmdline = (entry / "cmdline").read_bytes()
             state = next(
-                line for line in (entry / "status").read_text().splitlines()
+                line
+                for line in (entry / "status").read_text().splitlines()
                 if line.startswith("State:")
             )
         except (OSError, StopIteration):

@@ -51,7 +51,7 @@ def test_resolve_inside_refuses_symlink_out(tmp_path):
 
 def test_collect_is_bounded(run):
     result = run(
-        command="for i in $(seq 100); do echo $i > f$i.txt; done; head -c 600000 /dev/zero > big.bin",
+        command="for i in $(seq 100); do echo $i > f$i.txt; done; head -c 600000 /dev/zero >b.bin",
         collect=["*.txt", "*.bin"],
     )
     assert result.status == Status.SUCCEEDED
