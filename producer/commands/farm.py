@@ -1,9 +1,180 @@
-"""Farm commands (worker, submit, batch, status, flower): they talk to Redis/Celery."""
+"""Farm commands (worker, submit, status, flower): they talk to Redis/Celery.
+
+`worker` and `flower` replace this process with Celery's own (exec), so signals reach
+Celery directly; the producer side never imports worker code.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+
 import click
+
+from producer.commands.local import fail, limit_options, print_result, spec_from_options
+from sandbox_core import BACKEND_NAMES
+
+redis_url_option = click.option(
+    "--redis-url", envvar="SANDFARM_REDIS_URL", help="Redis URL [env SANDFARM_REDIS_URL]"
+)
 
 
 def register(group: click.Group) -> None:
     """Add the farm commands to the `sandfarm` group."""
+    group.add_command(worker)
+    group.add_command(submit)
+    group.add_command(status)
+    group.add_command(flower)
+
+
+def _exec_celery(args: list[str], env: dict[str, str]) -> None:
+    argv = [sys.executable, "-m", "celery", *args]
+    os.execvpe(argv[0], argv, {**os.environ, **env})
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default="process", show_default=True)
+@click.option("--concurrency", "-c", type=int, default=None, help="sandbox slots [default 2]")
+@click.option("--name", "-n", help="node name (NAME@host); distinct per worker on a host")
+@click.option("--queue", "-Q", help="queue to consume [default sandfarm]")
+@click.option("--loglevel", "-l", default="info", show_default=True)
+@click.option("--allow-weaker", is_flag=True, help="run jobs even if a protection is missing")
+@redis_url_option
+def worker(
+    backend: str,
+    concurrency: int | None,
+    name: str | None,
+    queue: str | None,
+    loglevel: str,
+    allow_weaker: bool,
+    redis_url: str | None,
+) -> None:
+    """Start a sandbox worker (Celery prefork, one slot per pool process, events on)."""
+    from producer.settings import get_settings
+
+    settings = get_settings(redis_url=redis_url, concurrency=concurrency, queue=queue)
+    env = {
+        "SANDFARM_REDIS_URL": settings.redis_url,
+        "SANDFARM_DEFAULT_BACKEND": backend,
+        "SANDFARM_CONCURRENCY": str(settings.concurrency),
+        "SANDFARM_QUEUE": settings.queue,
+    }
+    if allow_weaker:
+        env["SANDFARM_ALLOW_WEAKER"] = "1"
+    args = [
+        "-A",
+        "worker.app",
+        "worker",
+        "-P",
+        "prefork",
+        "-c",
+        str(settings.concurrency),
+        "-O",
+        "fair",  # a free pool process takes the next job; none waits behind a long one
+        "-E",  # task events, for Flower
+        "-Q",
+        settings.queue,
+        "-l",
+        loglevel,
+        "--without-gossip",  # workers need not watch each other; less event traffic
+        "--without-mingle",  # no revoked-task sync at start: we cancel through Redis keys
+    ]
+    if name:
+        args += ["-n", name if "@" in name else f"{name}@%h"]
+    _exec_celery(args, env)
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), help="default: the worker's")
+@click.option("--code", help="Python code to run (one python step)")
+@click.option("--command", help="shell command to run (one bash step)")
+@click.option("--job", help="a JobSpec JSON file, or - for stdin")
+@click.option("--id", "job_id", help="idempotency key: the same id runs once")
+@limit_options
+@click.option("--wait", is_flag=True, help="wait for the result and print it")
+@click.option("--wait-timeout", type=float, default=None, help="give up waiting after S seconds")
+@click.option("--json", "as_json", is_flag=True, help="print JSON (the id, or the JobResult)")
+@redis_url_option
+def submit(
+    backend: str | None,
+    code: str | None,
+    command: str | None,
+    job: str | None,
+    job_id: str | None,
+    timeout_s: float | None,
+    memory_mb: int | None,
+    network: bool | None,
+    wait: bool,
+    wait_timeout: float | None,
+    as_json: bool,
+    redis_url: str | None,
+) -> None:
+    """Submit one job to the farm; print its id, or with --wait its result."""
+    from producer.client import FarmClient
+
+    spec = spec_from_options(
+        code,
+        command,
+        job,
+        {"timeout_s": timeout_s, "memory_mb": memory_mb, "network": network},
+        backend=backend,
+    )
+    if job_id:
+        spec.id = job_id
+    with FarmClient(redis_url) as client:
+        try:
+            submitted = client.submit(spec)
+        except Exception as exc:
+            fail(f"could not submit: {exc}", code=1)
+        if not wait:
+            click.echo(json.dumps({"id": submitted}) if as_json else submitted)
+            return
+        try:
+            result = next(client.as_completed([submitted], timeout=wait_timeout))
+        except TimeoutError:
+            fail(f"job {submitted} not finished after {wait_timeout}s", code=1)
+        print_result(result, as_json)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@redis_url_option
+def status(as_json: bool, redis_url: str | None) -> None:
+    """Queue depth, workers online, jobs in flight."""
+    from producer.client import FarmClient
+
+    with FarmClient(redis_url) as client:
+        try:
+            info = client.status()
+        except Exception as exc:
+            fail(f"farm unreachable at {client.settings.redis_url}: {exc}", code=1)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(
+        f"queue {info['queue']}: {info['queued']} queued, {info['delivered_unacked']} delivered,"
+        f" {info['in_flight']} running; {info['duplicates']} duplicate results dropped"
+    )
+    click.echo(f"workers online: {info['workers_online']}")
+    for w in info["workers"]:
+        lo, hi = w["slots"]
+        click.echo(
+            f"  {w['name']:<32} pid {w['pid']:<7} slots {lo}..{hi - 1}  beat {w['age_s']}s ago"
+        )
+
+
+@click.command()
+@click.option("--port", type=int, default=None, help="HTTP port [default 5555]")
+@click.option("--address", default="127.0.0.1", show_default=True)
+@redis_url_option
+def flower(port: int | None, address: str, redis_url: str | None) -> None:
+    """Start Flower on the farm's broker (workers and tasks, with short summaries)."""
+    from producer.settings import get_settings
+
+    settings = get_settings(redis_url=redis_url)
+    env = {"SANDFARM_REDIS_URL": settings.redis_url}
+    port = port or settings.flower_port
+    _exec_celery(
+        ["-A", "producer.celery_app", "flower", f"--port={port}", f"--address={address}"], env
+    )

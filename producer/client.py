@@ -1,0 +1,291 @@
+"""FarmClient: submit jobs to the farm and collect their results, in few Redis round trips.
+
+- ``submit`` / ``submit_many``: the job's state key is taken with SET NX first, so the
+  same job id submitted twice (by anyone, until its TTL) is sent once; messages go out
+  by task name through kombu's pipelined publish batch.
+- ``as_completed``: each job's worker pushes its id on this client's completion list
+  when it stores the result; the client pops up to ``batch`` ids per call (BLMPOP) and
+  fetches their results with one MGET, so N jobs cost O(N / batch) calls. Ids submitted
+  elsewhere (another client, a resumed batch) are found by an MGET rescan when the list
+  is idle.
+- Results, job state, attempt counters and completion lists all carry a TTL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from producer.celery_app import make_app
+from producer.settings import TASK_NAME, Settings, get_settings
+from producer.store import ResultStore
+from sandbox_core import JobResult, JobSpec, Limits, Status, parse_spec
+
+# Celery's own limits per job sit above the sandbox's: the sandbox ends the job.
+SOFT_LIMIT_MARGIN_S = 60.0
+HARD_LIMIT_MARGIN_S = 90.0
+DEFAULT_BATCH = 1000
+_DEFAULT_LIMITS = Limits().model_dump(mode="json")
+
+
+def compact_spec(spec: JobSpec) -> dict[str, Any]:
+    """The spec as a small JSON dict: defaults that need no saying are left out."""
+    data = spec.model_dump(mode="json", exclude_none=True)
+    for name in ("files", "env", "collect", "labels"):
+        if not data.get(name):
+            data.pop(name, None)
+    if not data.get("stop_on_error"):
+        data.pop("stop_on_error", None)
+    limits = {k: v for k, v in data.get("limits", {}).items() if _DEFAULT_LIMITS.get(k) != v}
+    if limits:
+        data["limits"] = limits
+    else:
+        data.pop("limits", None)
+    return data
+
+
+class FarmClient:
+    """The producer SDK. ``redis_url`` defaults to ``SANDFARM_REDIS_URL``."""
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.settings = settings or get_settings(redis_url=redis_url)
+        if redis_url is not None and self.settings.redis_url != redis_url:
+            self.settings = self.settings.model_copy(update={"redis_url": redis_url})
+        self.keys = self.settings.keys
+        # One completion list per client; pass a stable client_id to resume collection.
+        self.client_id = client_id or uuid.uuid4().hex
+        self.done_key = self.keys.done(self.client_id)
+        self.redis = redis.Redis.from_url(
+            self.settings.redis_url,
+            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=20),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            socket_timeout=30,
+            socket_connect_timeout=5,
+            health_check_interval=10,
+        )
+        self._store = ResultStore(self.redis, self.settings)
+        self._app = None
+
+    # --- submission -------------------------------------------------------------------
+
+    @property
+    def celery(self):
+        if self._app is None:
+            self._app = make_app(self.settings)
+        return self._app
+
+    def submit(self, spec: JobSpec | dict) -> str:
+        """Enqueue one job; returns its id. The same id again is not sent again."""
+        return self.submit_many([spec])[0]
+
+    def submit_many(self, specs: Iterable[JobSpec | dict], batch: int = DEFAULT_BATCH) -> list[str]:
+        """Enqueue many jobs, pipelined; returns their ids in order.
+
+        A dict is validated first (SpecError names the field). Ids already submitted
+        (within the result TTL), or repeated in ``specs``, are returned but not sent.
+        """
+        ids: list[str] = []
+        chunk: list[JobSpec] = []
+        for item in specs:
+            spec = item if isinstance(item, JobSpec) else parse_spec(item)
+            if spec.id is None:
+                spec = spec.model_copy(update={"id": uuid.uuid4().hex})
+            ids.append(spec.id)
+            chunk.append(spec)
+            if len(chunk) >= batch:
+                self._send_chunk(chunk)
+                chunk = []
+        if chunk:
+            self._send_chunk(chunk)
+        return ids
+
+    def _send_chunk(self, specs: list[JobSpec]) -> None:
+        now = datetime.now(UTC).isoformat()
+        fresh: list[JobSpec] = []
+        seen: set[str] = set()
+        pipe = self.redis.pipeline(transaction=False)
+        for spec in specs:
+            assert spec.id is not None
+            if spec.id in seen:
+                continue
+            seen.add(spec.id)
+            state = json.dumps({"state": "queued", "at": now, "notify": self.done_key})
+            pipe.set(self.keys.job(spec.id), state, nx=True, ex=self.settings.result_ttl_s)
+            fresh.append(spec)
+        taken = pipe.execute()
+        to_send = [spec for spec, ok in zip(fresh, taken, strict=True) if ok]
+        if not to_send:
+            return
+        try:
+            self._publish(to_send, now)
+        except BaseException:
+            # Unsent jobs must not look submitted, or resubmitting them would be a no-op.
+            self.redis.delete(*(self.keys.job(spec.id or "") for spec in to_send))
+            raise
+
+    def _publish(self, specs: list[JobSpec], queued_at: str) -> None:
+        app = self.celery
+        queue = self.settings.queue
+        with app.producer_or_acquire() as producer, producer.batch(max_size=len(specs)):
+            for spec in specs:
+                meta = {"id": spec.id, "queued_at": queued_at, "notify": self.done_key}
+                app.send_task(
+                    TASK_NAME,
+                    args=[compact_spec(spec), meta],
+                    task_id=spec.id,
+                    queue=queue,
+                    producer=producer,
+                    # Flower and logs see this summary, never the code.
+                    argsrepr=spec.summary(),
+                    kwargsrepr="{}",
+                    soft_time_limit=spec.limits.timeout_s + SOFT_LIMIT_MARGIN_S,
+                    time_limit=spec.limits.timeout_s + HARD_LIMIT_MARGIN_S,
+                )
+
+    # --- results ----------------------------------------------------------------------
+
+    def results(self, ids: Iterable[str], batch: int = DEFAULT_BATCH) -> dict[str, JobResult]:
+        """The stored results among ``ids`` (one MGET per ``batch`` ids)."""
+        found: dict[str, JobResult] = {}
+        ids = list(ids)
+        for start in range(0, len(ids), batch):
+            part = ids[start : start + batch]
+            values = self.redis.mget([self.keys.result(i) for i in part])
+            for job_id, raw in zip(part, values, strict=True):
+                if raw is not None:
+                    found[job_id] = JobResult.model_validate_json(raw)
+        return found
+
+    def result(self, job_id: str, timeout: float | None = None) -> JobResult | None:
+        """The job's result; None if not final. ``timeout``: seconds to wait (None: no wait)."""
+        deadline = time.monotonic() + (timeout or 0)
+        delay = 0.02
+        while True:
+            raw = self.redis.get(self.keys.result(job_id))
+            if raw is not None:
+                return JobResult.model_validate_json(raw)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.5)
+
+    def as_completed(
+        self,
+        ids: Iterable[str],
+        timeout: float | None = None,
+        batch: int = DEFAULT_BATCH,
+        rescan_s: float = 2.0,
+    ) -> Iterator[JobResult]:
+        """Yield each job's result once, as it finishes (those already done first).
+
+        Raises TimeoutError if ``timeout`` seconds pass with jobs unfinished.
+        """
+        pending = set(ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for result in self.results(list(pending), batch).values():
+            pending.discard(result.id or "")
+            yield result
+        last_rescan = time.monotonic()
+        while pending:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(f"{len(pending)} jobs not finished after {timeout}s")
+            block = 1.0 if deadline is None else max(0.01, min(1.0, deadline - now))
+            popped = self.redis.blmpop(block, 1, self.done_key, direction="LEFT", count=batch)
+            if popped:
+                done = [i.decode() if isinstance(i, bytes) else i for i in popped[1]]
+                wanted = [i for i in dict.fromkeys(done) if i in pending]
+                for result in self.results(wanted, batch).values():
+                    pending.discard(result.id or "")
+                    yield result
+                continue
+            if time.monotonic() - last_rescan >= rescan_s:
+                # Jobs announced to another client, or an announcement already popped.
+                for result in self.results(list(pending), batch).values():
+                    pending.discard(result.id or "")
+                    yield result
+                last_rescan = time.monotonic()
+
+    # --- control ----------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job: a queued one ends `cancelled` now, without running; a running
+        one's sandbox is stopped. False if the job is unknown or already final."""
+        keys = self.keys
+        ttl = self.settings.result_ttl_s
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.exists(keys.result(job_id))
+        pipe.get(keys.job(job_id))
+        final, state = pipe.execute()
+        if final or state is None:
+            return False
+        # The cancel flag first, then look for a running sandbox: the worker sets its
+        # running flag first, then looks for the cancel flag, so one of us sees the other.
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(keys.cancel(job_id), "1", ex=ttl)
+        pipe.exists(keys.running(job_id))
+        _, running = pipe.execute()
+        if not running:
+            try:
+                notify = json.loads(state).get("notify")
+            except ValueError:
+                notify = None
+            result = JobResult(id=job_id, status=Status.CANCELLED, message="cancelled while queued")
+            result.timings.finished_at = datetime.now(UTC)
+            self._store.store(result, notify, count_duplicate=False)
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """Queue depth, workers online (by their reapers' heartbeats), jobs in flight."""
+        keys = self.keys
+        now = time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.llen(self.settings.queue)
+        pipe.hlen("unacked")
+        pipe.zremrangebyscore(keys.in_flight, "-inf", now)
+        pipe.zcard(keys.in_flight)
+        pipe.hgetall(keys.workers)
+        pipe.get(keys.duplicates)
+        queued, unacked, _, in_flight, beats, duplicates = pipe.execute()
+        stale_after = 3 * self.settings.reaper_interval_s + 2
+        workers = []
+        for name, raw in sorted(beats.items()):
+            info = json.loads(raw)
+            age = now - float(info.get("ts", 0))
+            if age <= stale_after:
+                workers.append({"name": name.decode(), **info, "age_s": round(age, 1)})
+        return {
+            "queue": self.settings.queue,
+            "queued": queued,
+            "delivered_unacked": unacked,
+            "in_flight": in_flight,
+            "workers_online": len(workers),
+            "workers": workers,
+            "duplicates": int(duplicates or 0),
+        }
+
+    def close(self) -> None:
+        self.redis.close()
+        if self._app is not None:
+            self._app.close()
+
+    def __enter__(self) -> FarmClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

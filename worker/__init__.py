@@ -1,0 +1,1 @@
+"""The sandbox worker: Celery app, execute task, slots, reaper."""

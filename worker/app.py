@@ -1,0 +1,116 @@
+"""The Celery app of a sandbox worker: every reliability setting in one place, with why.
+
+Start it with ``sandfarm worker`` (or ``celery -A worker.app worker -O fair -E``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from celery import Celery, signals
+
+from producer.settings import Settings, broker_config, get_settings
+from worker import slots
+
+settings: Settings = get_settings()
+
+
+def worker_config(s: Settings) -> dict[str, object]:
+    return {
+        **broker_config(s),  # JSON only, visibility timeout, restore scans, no result backend
+        # Ack after the job ran: a worker dying mid-job leaves the message to be redelivered.
+        "task_acks_late": True,
+        # A pool process killed mid-job (SIGKILL, OOM) requeues the message at once
+        # instead of failing it; the attempt counter in the task stops poison jobs.
+        "task_reject_on_worker_lost": True,
+        # Our task never raises for job problems; if it raises anyway (a farm bug) or hits
+        # Celery's hard limit, on_failure has stored an `error` result, so ack it.
+        "task_acks_on_failure_or_timeout": True,
+        # One job per slot: a prefetched job would wait behind a long one (and be lost
+        # to nobody but delayed), and a dead worker would take extra jobs down with it.
+        "worker_prefetch_multiplier": 1,
+        # Celery's limits sit above the sandbox's own (set per job when enqueued): the
+        # sandbox, which kills its whole tree, ends a job; Celery only catches a hang.
+        "task_soft_time_limit": s.hard_time_limit_s - 30,
+        "task_time_limit": s.hard_time_limit_s,
+        # Events for Flower: workers report received/started/succeeded with argsrepr.
+        "worker_send_task_events": True,
+        "task_send_sent_event": s.sent_events,
+        # A running sandbox survives a broker blip; its message is redelivered after the
+        # visibility timeout only if the ack was lost, and the duplicate result is dropped.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # Rate limits are not used; skipping their bookkeeping makes dispatch cheaper.
+        "worker_disable_rate_limits": True,
+        # A worker with a dead broker keeps trying instead of exiting.
+        "broker_connection_retry": True,
+        # Remote control on: Flower's inspect/ping and `celery inspect` need it.
+        "worker_enable_remote_control": True,
+    }
+
+
+app = Celery("sandfarm", set_as_current=True)
+app.conf.update(worker_config(settings))
+app.conf.imports = ("worker.tasks",)
+
+# Set in the main process before the pool forks, read in each pool child.
+_reservation: slots.Reservation | None = None
+_reaper: subprocess.Popen | None = None
+
+
+@signals.worker_init.connect
+def _on_worker_init(sender=None, **_: object) -> None:
+    """Reserve this worker's block of slots and start its reaper (main process)."""
+    global _reservation, _reaper
+    size = int(getattr(sender, "concurrency", None) or settings.concurrency)
+    _reservation = slots.reserve(size, settings.slot_base)
+    os.environ["SANDFARM_SLOT_BASE_RESERVED"] = str(_reservation.base)
+    name = getattr(sender, "hostname", None) or f"pid{os.getpid()}"
+    # Sweep what a previous, dead worker left in our slots before the first job.
+    from worker.reaper import sweep_free
+
+    sweep_free()
+    _reaper = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "worker.reaper",
+            "--parent",
+            str(os.getpid()),
+            "--name",
+            name,
+            "--base",
+            str(_reservation.base),
+            "--size",
+            str(size),
+            "--interval",
+            str(settings.reaper_interval_s),
+        ],
+        start_new_session=True,  # survives a signal to our process group: last sweep
+        close_fds=True,
+    )
+    print(
+        f"sandfarm worker {name}: slots {_reservation.base}..{_reservation.base + size - 1},"
+        f" reaper pid {_reaper.pid}, visibility timeout {settings.visibility_timeout:g}s",
+        flush=True,
+    )
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_: object) -> None:
+    if _reaper is not None and _reaper.poll() is None:
+        _reaper.terminate()
+        try:
+            _reaper.wait(5)
+        except subprocess.TimeoutExpired:
+            _reaper.kill()
+
+
+def slot_index() -> int:
+    """This pool process's slot: the worker's block base + billiard's process index."""
+    from billiard.process import current_process
+
+    index = getattr(current_process(), "index", None) or 0
+    base = _reservation.base if _reservation is not None else (settings.slot_base or 0)
+    return base + int(index)

@@ -1,0 +1,162 @@
+"""The reaper: removes what dead workers left in sandbox slots, and beats for `status`.
+
+Why a separate process: sweeping a slot means taking its flock, and a lock fd held by
+a thread of the Celery main process while billiard forks a replacement pool child
+would be inherited by that child and pin the slot forever.
+
+Every ``reaper_interval_s`` it finds the slots of this host that hold leftovers
+(processes of a slot uid, files in a slot workspace) and sweeps each one whose lock is
+free, i.e. no live job runs there. That covers a pool process SIGKILLed mid-job (its
+sandbox children already got PDEATHSIG SIGKILL; grandchildren that called setsid are
+found by uid and cgroup) and a whole worker killed on a host where another worker, or
+this reaper, is still alive. It runs in its own session so a signal to the worker's
+process group leaves it to do a last sweep after its parent died; then it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from sandbox_core import defaults as d
+from sandbox_core import slots
+from sandbox_core.errors import SlotBusyError
+from worker.slots import slot_uid
+
+
+def slot_of_uid(uid: int) -> int | None:
+    index = uid - d.SLOT_UID_BASE
+    return index if 0 <= index < d.MAX_SLOTS else None
+
+
+def processes_by_slot() -> dict[int, list[int]]:
+    """slot index -> pids running as that slot's uid (real uid, from /proc)."""
+    found: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:  # the real uid from status: /proc/PID's owner is root while not dumpable
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                uid = next(int(line.split()[1]) for line in fh if line.startswith(b"Uid:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        index = slot_of_uid(uid)
+        if index is not None:
+            found.setdefault(index, []).append(int(entry.name))
+    return found
+
+
+def dirty_slots(workspace_base: Path | None = None) -> set[int]:
+    """Slots of this host holding leftovers: processes or workspace entries."""
+    dirty = set(processes_by_slot()) if os.geteuid() == 0 else set()
+    base = workspace_base or slots.default_workspace_base()
+    try:
+        for entry in os.scandir(base):
+            if entry.name.startswith("slot-") and entry.name[5:].isdigit():
+                index = int(entry.name[5:])
+                if index < d.MAX_SLOTS and any(os.scandir(entry.path)):
+                    dirty.add(index)
+    except OSError:
+        pass
+    return dirty
+
+
+def sweep_free(workspace_base: Path | None = None) -> list[int]:
+    """Sweep every dirty slot whose lock is free; returns the slots swept."""
+    swept = []
+    for index in sorted(dirty_slots(workspace_base)):
+        try:
+            held = slots.acquire(index, timeout_s=0, workspace_base=workspace_base)
+        except SlotBusyError:
+            continue  # a live job runs there: its own session cleans up
+        held.release()  # acquire swept it
+        swept.append(index)
+    return swept
+
+
+def beat(client, key: str, name: str, info: dict, ttl: float) -> None:
+    info = {**info, "ts": time.time()}
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(key, name, json.dumps(info))
+    pipe.expire(key, max(int(ttl), 10))
+    pipe.execute()
+
+
+def _parent_alive(pid: int) -> bool:
+    return os.getppid() == pid
+
+
+def run(parent: int, name: str, base: int, size: int, interval: float, beats: bool) -> None:
+    from producer.settings import get_settings
+
+    settings = get_settings()
+    client = None
+    if beats:
+        import redis
+
+        client = redis.Redis.from_url(
+            settings.redis_url, socket_timeout=5, socket_connect_timeout=2
+        )
+    info = {
+        "pid": parent,
+        "host": socket.gethostname(),
+        "slots": [base, base + size],
+        "uids": [slot_uid(base), slot_uid(base + size - 1)],
+        "concurrency": size,
+    }
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        _loop(parent, name, base, size, interval, settings, client, info)
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.hdel(settings.keys.workers, name)
+
+
+def _loop(parent, name, base, size, interval, settings, client, info) -> None:
+    orphaned_at: float | None = None
+    while True:
+        alive = _parent_alive(parent)
+        if not alive and orphaned_at is None:
+            orphaned_at = time.monotonic()
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.hdel(settings.keys.workers, name)
+        try:
+            sweep_free()
+        except Exception as exc:  # never let the reaper die of one bad slot
+            print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
+        if alive and client is not None:
+            # Redis away: the broker reconnect logs it; keep reaping.
+            with contextlib.suppress(Exception):
+                beat(client, settings.keys.workers, name, info, interval * 3)
+        if orphaned_at is not None:
+            ours = set(range(base, base + size))
+            if not (dirty_slots() & ours) or time.monotonic() - orphaned_at > 60:
+                return
+            time.sleep(min(interval, 0.5))
+            continue
+        time.sleep(interval)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="sandfarm slot reaper")
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--base", type=int, required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--interval", type=float, required=True)
+    parser.add_argument("--no-beats", action="store_true")
+    args = parser.parse_args()
+    run(args.parent, args.name, args.base, args.size, args.interval, not args.no_beats)
+
+
+if __name__ == "__main__":
+    main()
