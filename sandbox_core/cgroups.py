@@ -133,22 +133,30 @@ class JobCgroup:
                 path = base / name
                 path.mkdir(exist_ok=True)
                 group.dirs.append(path)
-            if layout.memory is not None:
-                mem = layout.memory / name
-                if layout.memory_v2:
-                    (mem / "memory.max").write_text(str(memory_bytes))
-                    with contextlib.suppress(OSError):
-                        (mem / "memory.swap.max").write_text("0")
-                else:
-                    (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
-                    with contextlib.suppress(OSError):
-                        (mem / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
-            if layout.pids is not None:
-                (layout.pids / name / "pids.max").write_text(str(pids_max))
+            group.set_limits(memory_bytes, pids_max)
         except BaseException:
             group.remove()
             raise
         return group
+
+    def set_limits(self, memory_bytes: int, pids_max: int) -> None:
+        """(Re)set the caps; a slot's group is reused job after job with each job's limits."""
+        layout, name = self.layout, self.name
+        if layout.memory is not None:
+            mem = layout.memory / name
+            if layout.memory_v2:
+                (mem / "memory.max").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (mem / "memory.swap.max").write_text("0")
+            else:
+                # memsw must stay >= the memory limit: order the writes by direction
+                files = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+                current = int((mem / files[0]).read_text())
+                for file in reversed(files) if memory_bytes > current else files:
+                    if (mem / file).exists():  # memsw exists only with swap accounting
+                        (mem / file).write_text(str(memory_bytes))
+        if layout.pids is not None:
+            (layout.pids / name / "pids.max").write_text(str(pids_max))
 
     @property
     def procs_files(self) -> list[str]:
@@ -219,19 +227,23 @@ class JobCgroup:
         self.dirs.clear()
 
 
-def remove_stale(prefix: str) -> int:
-    """Kill and remove job cgroups whose name starts with ``prefix``; returns how many."""
+def remove_stale(name: str) -> int:
+    """Kill and remove the group ``name`` and any ``name-*`` groups; returns how many."""
     layout = detect()
     names: set[str] = set()
     for base in {layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids} - {None}:
         with contextlib.suppress(OSError):
-            names.update(p.name for p in base.iterdir() if p.is_dir() and p.name.startswith(prefix))
-    for name in names:
-        group = JobCgroup(name, layout)
+            names.update(
+                p.name
+                for p in base.iterdir()
+                if p.is_dir() and (p.name == name or p.name.startswith(f"{name}-"))
+            )
+    for stale in names:
+        group = JobCgroup(stale, layout)
         group.dirs = [
-            b / name
+            b / stale
             for b in (layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids)
-            if b is not None and (b / name).is_dir()
+            if b is not None and (b / stale).is_dir()
         ]
         group.kill()
         group.remove()

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from sandbox_core import cgroups
 from sandbox_core import defaults as d
+from sandbox_core.cgroups import JobCgroup
 from sandbox_core.errors import SlotBusyError
-from sandbox_core.isolation import sweep_uid
+from sandbox_core.isolation import pinned_network_namespace, sweep_uid
 from sandbox_core.workspace import unmount
 
 
@@ -39,15 +40,30 @@ class Slot:
     uid: int | None  # None: not root, jobs run as the caller
     gid: int | None
     _lock_fd: int | None = None
+    cgroup: JobCgroup | None = None  # reused job after job; emptied after each
+    _netns_fd: int | None = None
 
     @property
-    def cgroup_prefix(self) -> str:
-        return f"slot{self.index}-"
+    def cgroup_name(self) -> str:
+        return f"slot{self.index}"
+
+    def network_namespace(self) -> int:
+        """The slot's loopback-only network namespace (root only), made on first use."""
+        if self._netns_fd is None:
+            self._netns_fd = pinned_network_namespace()
+        return self._netns_fd
 
     def workspace_base(self, base: Path | None = None) -> Path:
         return (base or default_workspace_base()) / f"slot-{self.index}"
 
     def release(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
+            self.cgroup.remove()
+            self.cgroup = None
+        if self._netns_fd is not None:
+            os.close(self._netns_fd)
+            self._netns_fd = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -84,7 +100,13 @@ def acquire(
                 root = os.geteuid() == 0
                 uid = d.SLOT_UID_BASE + i if root else None
                 slot = Slot(i, uid, uid, fd)
-                sweep(slot, workspace_base)
+                try:
+                    sweep(slot, workspace_base)
+                    if uid is not None and cgroups.detect().can_kill_tree:
+                        slot.cgroup = JobCgroup.create(slot.cgroup_name, d.MIB * 64, 64)
+                except BaseException:
+                    slot.release()
+                    raise
                 return slot
         if time.monotonic() > deadline:
             raise SlotBusyError(f"no sandbox slot free after {timeout_s:.0f}s")
@@ -95,7 +117,7 @@ def sweep(slot: Slot, workspace_base: Path | None = None) -> None:
     """Remove what a previous holder of this slot left: processes, cgroups, workspaces."""
     if slot.uid is not None:
         sweep_uid(slot.uid)
-        cgroups.remove_stale(slot.cgroup_prefix)
+        cgroups.remove_stale(slot.cgroup_name)
     base = slot.workspace_base(workspace_base)
     if base.is_dir():
         for leftover in base.iterdir():

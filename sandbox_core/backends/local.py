@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import threading
 from abc import abstractmethod
 from collections.abc import Iterator
@@ -47,12 +46,11 @@ class LocalSession(Session):
         try:
             self.scripts = self.ws.root / "scripts"
             self.scripts.mkdir(mode=0o755)  # root-owned when root: the job reads, never edits
-            if slot.uid is not None and cgroups.detect().can_kill_tree:
-                limits = spec.limits
-                self.cgroup = JobCgroup.create(
-                    f"{slot.cgroup_prefix}{secrets.token_hex(6)}",
-                    memory_bytes=limits.memory_mb * d.MIB,
-                    pids_max=limits.processes,
+            self.cgroup = slot.cgroup
+            if self.cgroup is not None:
+                self.cgroup.set_limits(
+                    memory_bytes=spec.limits.memory_mb * d.MIB,
+                    pids_max=spec.limits.processes + backend.helper_processes,
                 )
         except BaseException:
             self.close()
@@ -108,13 +106,15 @@ class LocalSession(Session):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.kill_tree()
-        if self.cgroup is not None:
-            self.cgroup.remove()
         self.ws.remove()
 
 
 class LocalBackend(Backend):
     """Base of the backends that run jobs as host processes in a slot."""
+
+    session_class: type[LocalSession] = LocalSession
+    # Processes a wrapper keeps alive beside the job (bwrap: 2); the job's limit comes on top.
+    helper_processes = 0
 
     def __init__(
         self,
@@ -130,15 +130,35 @@ class LocalBackend(Backend):
         self.workspace_base = workspace_base
         self.python = python
         self.is_root = os.geteuid() == 0
+        self._idle_slots: list[slots.Slot] = []
+        self._slots_lock = threading.Lock()
 
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[LocalSession]:
-        with slots.acquire(self.slot_index, workspace_base=self.workspace_base) as slot:
-            session = LocalSession(self, spec, slot)
+        slot = self._take_slot()
+        try:
+            session = self.session_class(self, spec, slot)
             try:
                 yield session
             finally:
                 session.close()
+        finally:
+            with self._slots_lock:
+                self._idle_slots.append(slot)
+
+    def _take_slot(self) -> slots.Slot:
+        """A slot this backend already holds (cleaned by the last session's close), or a
+        newly locked one (swept of whatever its previous holder left)."""
+        with self._slots_lock:
+            if self._idle_slots:
+                return self._idle_slots.pop()
+        return slots.acquire(self.slot_index, workspace_base=self.workspace_base)
+
+    def close(self) -> None:
+        """Release the slots this backend holds."""
+        with self._slots_lock:
+            while self._idle_slots:
+                self._idle_slots.pop().release()
 
     def environment(self, session: LocalSession) -> dict[str, str]:
         """A clean environment: the allowlist, the sandbox's own paths, then the job's env."""

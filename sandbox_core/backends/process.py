@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import cache
 
@@ -44,5 +45,7 @@ class ProcessBackend(LocalBackend):
         return argv
 
     def child_setup(self, session: LocalSession) -> ChildSetup:
-        network_off = not session.spec.limits.network
-        return self.base_child_setup(session, private_net=network_off)
+        setup = self.base_child_setup(session, private_net=not session.spec.limits.network)
+        if setup.private_net and self.is_root:
+            setup = dataclasses.replace(setup, netns_fd=session.slot.network_namespace())
+        return setup
