@@ -11,6 +11,8 @@ runs again and loses the SET NX race, which is counted, never stored.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -135,14 +137,14 @@ def execute(self: Task, spec: dict, meta: dict) -> str:
     ttl = settings.result_ttl_s
 
     if r.exists(keys.result(job_id)):
-        # Redelivered after a result was stored (the ack was lost): nothing to do.
-        r.incr(keys.duplicates)
-        return "duplicate"
+        # Redelivered after a result was stored (lost ack), or cancelled while queued.
+        return "already final"
 
     pipe = r.pipeline(transaction=True)
     pipe.incr(keys.attempts(job_id))
     pipe.expire(keys.attempts(job_id), ttl)
-    pipe.set(keys.running(job_id), hostname or "?", ex=ttl)
+    running = json.dumps({"worker": hostname, "pid": os.getpid(), "slot": slot_index()})
+    pipe.set(keys.running(job_id), running, ex=ttl)
     pipe.exists(keys.cancel(job_id))
     attempts, _, _, cancelled = pipe.execute()
     common = {"worker": hostname, "attempts": attempts, "labels": {}}
