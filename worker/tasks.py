@@ -27,8 +27,12 @@ from redis.retry import Retry
 from producer.settings import TASK_NAME
 from producer.store import ResultStore
 from sandbox_core import JobResult, SpecError, Status, get_backend, parse_spec
+from sandbox_core import defaults as d
 from sandbox_core.backends import Backend
 from worker.app import app, settings, slot_index
+
+# The running flag outlives the job's deadline by this much (slot wait, setup, storing).
+RUNNING_MARGIN_S = 120.0
 
 _client: redis.Redis | None = None
 _store: ResultStore | None = None
@@ -67,6 +71,15 @@ def backend_for(name: str, hostname: str | None) -> Backend:
         backend = get_backend(name, **options)
         _backends[name] = backend
     return backend
+
+
+def _timeout_of(spec: object) -> float:
+    """The job's wall timeout, read before validation (bounded, default if unreadable)."""
+    try:
+        value = float(spec["limits"]["timeout_s"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return d.TIMEOUT_S[0]
+    return min(max(value, 1.0), d.TIMEOUT_S[1])
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -144,7 +157,8 @@ def execute(self: Task, spec: dict, meta: dict) -> str:
     pipe.incr(keys.attempts(job_id))
     pipe.expire(keys.attempts(job_id), ttl)
     running = json.dumps({"worker": hostname, "pid": os.getpid(), "slot": slot_index()})
-    pipe.set(keys.running(job_id), running, ex=ttl)
+    # Expires soon after the job's own deadline: a killed pool process leaves no stale flag.
+    pipe.set(keys.running(job_id), running, ex=int(_timeout_of(spec) + RUNNING_MARGIN_S))
     pipe.exists(keys.cancel(job_id))
     attempts, _, _, cancelled = pipe.execute()
     common = {"worker": hostname, "attempts": attempts, "labels": {}}
@@ -172,7 +186,7 @@ def execute(self: Task, spec: dict, meta: dict) -> str:
         store(_final(job_id, Status.ERROR, message, backend=name, **common), notify)
         return "error"
 
-    r.zadd(keys.in_flight, {job_id: time.time() + job.limits.timeout_s + 60})
+    r.zadd(keys.in_flight, {job_id: time.time() + job.limits.timeout_s + RUNNING_MARGIN_S})
     try:
         with CancelWatch(keys.cancel(job_id), settings.cancel_poll_s) as cancel:
             result = backend.run(job, cancel=cancel, queued_at=queued_at)

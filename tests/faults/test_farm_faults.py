@@ -1,0 +1,254 @@
+"""Faults: killed pool processes, killed workers, a restarted Redis, poison jobs, leftovers.
+
+Every test runs real `sandfarm worker` processes with a short visibility timeout and a
+fast reaper, kills something for real, and checks that each job ends with exactly one
+result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from sandbox_core import Status
+from tests.farmkit import (  # noqa: F401
+    Farm,
+    alive,
+    farm_db,
+    make_farm,
+    pids_of_uid,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = {
+    "SANDFARM_VISIBILITY_TIMEOUT_S": "6",  # a dead worker's jobs come back after ~6-8 s
+    "SANDFARM_REAPER_INTERVAL_S": "1",
+}
+
+
+def shared_dir() -> Path:
+    """A directory every slot uid may write to: jobs count their own executions there."""
+    path = Path(tempfile.mkdtemp(prefix="sandfarm-fault-", dir="/tmp"))
+    path.chmod(0o777)
+    return path
+
+
+def running(client, job_id: str) -> dict | None:
+    import json
+
+    raw = client.redis.get(client.keys.running(job_id))
+    return json.loads(raw) if raw else None
+
+
+def test_pool_process_killed_mid_job_runs_again_one_result(make_farm) -> None:  # noqa: F811
+    farm: Farm = make_farm(**FAST)
+    worker = farm.start_worker("pk", 1)
+    marks = shared_dir()
+    try:
+        with farm.client() as client:
+            job_id = client.submit(
+                {"command": f"echo start >> {marks}/runs; sleep 2; echo done", "labels": {"f": "1"}}
+            )
+            info = wait_for(lambda: running(client, job_id), 20, what="job running")
+            assert info["pid"] in worker.pool_pids()
+            time.sleep(0.3)  # mid-job
+            killed_at = time.monotonic()
+            os.kill(info["pid"], signal.SIGKILL)
+            result = client.result(job_id, timeout=40)
+            assert result is not None, farm.logs()
+            assert result.status == Status.SUCCEEDED
+            assert result.steps[0].stdout == "done\n"
+            assert result.attempts == 2
+            # task_reject_on_worker_lost requeues at once: no visibility timeout wait.
+            assert time.monotonic() - killed_at < 6 + 2
+            assert (marks / "runs").read_text() == "start\nstart\n"
+            assert len(list(client.redis.scan_iter(client.keys.result("*")))) == 1
+            assert client.status()["duplicates"] == 0
+            assert worker.proc.poll() is None  # the worker itself lives on
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
+
+
+def test_whole_worker_killed_mid_batch_every_job_completes(make_farm) -> None:  # noqa: F811
+    farm: Farm = make_farm(**FAST)
+    victim = farm.start_worker("victim", 2, wait=False)
+    survivor = farm.start_worker("survivor", 2, wait=False)
+    victim.wait_ready()
+    survivor.wait_ready()
+    with farm.client() as client:
+        ids = client.submit_many([{"command": f"sleep 1; echo {i}"} for i in range(16)])
+
+        def victim_busy() -> bool:
+            infos = [running(client, i) for i in ids]
+            return any(i and i["worker"] == victim.name for i in infos)
+
+        wait_for(victim_busy, 20, what="the victim running a job")
+        victim.kill_all()
+        assert not alive(victim.pid)
+        results = {}
+        for result in client.as_completed(ids, timeout=60):
+            assert result.id not in results
+            results[result.id] = result
+        assert set(results) == set(ids), farm.logs()
+        for i, job_id in enumerate(ids):
+            assert results[job_id].status == Status.SUCCEEDED
+            assert results[job_id].steps[0].stdout == f"{i}\n"
+        assert any(r.attempts == 2 for r in results.values())  # the victim's, redelivered
+        assert all(r.worker == survivor.name for r in results.values() if r.attempts == 2)
+        assert len(list(client.redis.scan_iter(client.keys.result("*"), count=1000))) == 16
+        assert client.status()["duplicates"] == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A private redis-server with AOF (fsync always), restartable on the same port/dir."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = _free_port()
+        self.dir = tmp / "redis"
+        self.dir.mkdir()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_for(up, 10, 0.05, "redis-server up")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def test_redis_restarted_mid_batch_loses_no_queued_job(make_farm, tmp_path: Path) -> None:  # noqa: F811
+    if shutil.which("redis-server") is None:
+        from tests.conftest import require
+
+        require(False, "redis-server is not installed")
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        farm: Farm = make_farm(SANDFARM_REDIS_URL=server.url, **FAST)
+        farm.env["SANDFARM_REDIS_URL"] = server.url
+        farm.start_worker("rr", 2)
+        with farm.client() as client:
+            ids = client.submit_many([{"command": f"sleep 0.2; echo {i}"} for i in range(30)])
+            wait_for(lambda: len(client.results(ids)) >= 4, 30, what="some jobs done")
+            server.kill()  # SIGKILL: only what the AOF has survives
+            assert client.redis.connection_pool  # the client retries across the gap
+            time.sleep(1.0)
+            server.start()
+            results = {}
+            for result in client.as_completed(ids, timeout=90):
+                assert result.id not in results
+                results[result.id] = result
+            assert set(results) == set(ids), farm.logs()
+            for i, job_id in enumerate(ids):
+                assert results[job_id].status == Status.SUCCEEDED
+                assert results[job_id].steps[0].stdout == f"{i}\n"
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+
+
+def test_job_killing_its_worker_every_time_ends_error(make_farm) -> None:  # noqa: F811
+    """A job cannot signal its worker (another uid, by design), so the test plays the
+    job's part: it SIGKILLs the pool process each time the job starts, as an OOM kill
+    of the worker or a sandbox escape that crashes it would."""
+    farm: Farm = make_farm(SANDFARM_MAX_ATTEMPTS="2", **FAST)
+    worker = farm.start_worker("poison", 1)
+    with farm.client() as client:
+        job_id = client.submit({"command": "sleep 30", "limits": {"timeout_s": 60}})
+        killed: list[int] = []
+        deadline = time.monotonic() + 60
+        while client.result(job_id) is None:
+            assert time.monotonic() < deadline, farm.logs()
+            info = running(client, job_id)
+            if info and info["pid"] not in killed:
+                os.kill(info["pid"], signal.SIGKILL)
+                killed.append(info["pid"])
+            time.sleep(0.05)
+        result = client.result(job_id)
+        assert result is not None
+        assert result.status == Status.ERROR
+        assert result.message == "job killed its worker 2 times; not run again"
+        assert result.attempts == 3
+        assert len(killed) == 2
+        assert not result.steps
+        assert worker.proc.poll() is None
+
+
+@pytest.mark.parametrize("who_reaps", ["own reaper", "another worker"])
+def test_no_sandbox_process_outlives_killed_worker(make_farm, who_reaps: str) -> None:  # noqa: F811
+    farm: Farm = make_farm(**FAST)
+    interval = float(FAST["SANDFARM_REAPER_INTERVAL_S"])
+    victim = farm.start_worker("leaky", 1)
+    uid = victim.uids()[0]
+    with farm.client() as client:
+        # A daemon that escapes the step's process group (setsid), plus the step itself.
+        job_id = client.submit(
+            {
+                "command": "setsid sleep 300 < /dev/null > /dev/null 2>&1 & sleep 300",
+                "limits": {"timeout_s": 5},
+            }
+        )
+        wait_for(lambda: running(client, job_id), 20, what="job running")
+        wait_for(lambda: len(pids_of_uid(uid)) >= 2, 10, what="daemon started")
+        reaper = victim.reaper_pid()
+        assert reaper is not None
+        other = None
+        if who_reaps == "another worker":
+            other = farm.start_worker("sweeper", 1)
+            os.kill(reaper, signal.SIGKILL)
+        victim.kill_all()
+        killed_at = time.monotonic()
+        wait_for(lambda: not pids_of_uid(uid), interval + 4, 0.05, f"uid {uid} processes gone")
+        took = time.monotonic() - killed_at
+        assert took <= interval + 4
+        if other is not None:
+            other.stop()  # it may be running the redelivered job; that ends within 5 s
