@@ -170,16 +170,22 @@ class Workspace:
             data = os.read(fd, limit)
         finally:
             os.close(fd)
-        truncated = size > len(data)
-        try:
-            text = data[: _complete_prefix_length(data)].decode() if truncated else data.decode()
-            return CollectedFile(path=rel, size=size, content=text, truncated=truncated)
-        except UnicodeDecodeError:
-            raw = data[: limit * 3 // 4]  # base64 grows by 4/3; stay inside the budget
-            return CollectedFile(
-                path=rel,
-                size=size,
-                encoding="base64",
-                content=base64.b64encode(raw).decode(),
-                truncated=size > len(raw),
-            )
+        return encode_collected(rel, size, data, limit)
+
+
+def encode_collected(path: str, size: int, data: bytes, limit: int) -> CollectedFile:
+    """A collected file: text when it is UTF-8, else base64; at most ``limit`` bytes."""
+    data = data[:limit]
+    truncated = size > len(data)
+    try:
+        text = data[: _complete_prefix_length(data)].decode() if truncated else data.decode()
+        return CollectedFile(path=path, size=size, content=text, truncated=truncated)
+    except UnicodeDecodeError:
+        raw = data[: limit * 3 // 4]  # base64 grows by 4/3; stay inside the budget
+        return CollectedFile(
+            path=path,
+            size=size,
+            encoding="base64",
+            content=base64.b64encode(raw).decode(),
+            truncated=size > len(raw),
+        )

@@ -40,6 +40,11 @@ PYTHON_BOOTSTRAP = (
     " exec(compile(open(p, encoding='utf-8').read(), '<step>', 'exec'),"
     " {'__name__': '__main__', '__builtins__': __builtins__})"
 )
+# The same with the source itself as the argument (for sources small enough for argv).
+PYTHON_INLINE_BOOTSTRAP = (
+    "import sys; sys.path.insert(0, ''); s = sys.argv.pop(1); sys.argv[0] = '-c';"
+    " exec(compile(s, '<step>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__})"
+)
 
 
 @dataclass(frozen=True)
@@ -54,8 +59,17 @@ class Protection:
 class Session(ABC):
     """One job's sandbox: a workspace plus a way to run processes in it."""
 
+    @property
+    def alive(self) -> bool:
+        """False once the sandbox itself was killed (a container after a timeout or flood)."""
+        return True
+
     @abstractmethod
     def write_file(self, path: str, content: bytes) -> None: ...
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        for path, content in files.items():
+            self.write_file(path, content)
 
     @abstractmethod
     def read_into(self, path: str, buffer: HeadTailBuffer) -> None: ...
@@ -129,8 +143,7 @@ class Backend(ABC):
             self.check(spec)
             deadline = clock + spec.limits.timeout_s
             with self.open_session(spec) as session:
-                for path, content in spec.files.items():
-                    session.write_file(path, content.encode())
+                session.write_files({p: c.encode() for p, c in spec.files.items()})
                 result.steps = self._run_steps(session, spec, deadline, cancel)
                 result.files, result.files_omitted = session.collect(spec.collect)
             result.status = job_status(result.steps)
@@ -163,6 +176,8 @@ class Backend(ABC):
                 stop_reason = "the job's deadline passed"
             if stop_reason is None and cancel is not None and cancel.is_set():
                 stop_reason = "the job was cancelled"
+            if stop_reason is None and not session.alive:
+                stop_reason = "the sandbox was killed"
             if stop_reason is not None:
                 results.append(
                     StepResult(kind=step.kind, status=StepStatus.SKIPPED, message=stop_reason)

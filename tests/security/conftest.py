@@ -9,7 +9,7 @@ import pytest
 from sandbox_core import Backend, JobResult, get_backend, parse_spec
 from tests.conftest import require
 
-BACKENDS = ["process"]
+BACKENDS = ["process", "bwrap", "docker"]
 
 
 def _available(name: str) -> tuple[bool, str]:

@@ -1,0 +1,623 @@
+"""L3: one ephemeral container per job (Docker SDK), optionally taken from a warm pool.
+
+The container is read-only, has no network (unless the job may use it), no
+capabilities, no new privileges, Docker's default seccomp profile, an init reaping
+zombies, and pids/memory/CPU caps. A keeper process (uid 1001) holds it open; each step
+is a `docker exec` as uid 1000, which therefore cannot signal the keeper. Files go in and
+out as bounded tar streams over exec (the archive API cannot reach a tmpfs workspace
+under a read-only root). Every container is labelled with its owner so a reaper can
+remove what a dead worker left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import io
+import os
+import queue
+import selectors
+import socket
+import struct
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from sandbox_core import defaults as d
+from sandbox_core.backends.base import (
+    PYTHON_BOOTSTRAP,
+    PYTHON_INLINE_BOOTSTRAP,
+    Backend,
+    Protection,
+    Session,
+)
+from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
+from sandbox_core.models import CollectedFile, ExecStep, JobSpec, Limits, PythonStep
+from sandbox_core.output import HeadTailBuffer
+from sandbox_core.runner import ExecOutcome
+from sandbox_core.workspace import encode_collected
+
+DEFAULT_IMAGE = "sandfarm/sandbox:latest"
+JOB_USER = "1000:1000"
+KEEPER_USER = "1001:1001"
+WORKSPACE = "/workspace"
+SCRIPTS = "/tmp/.sandfarm"
+LABEL = "sandfarm.managed"
+MAX_LISTED_FILES = 10_000
+WORKSPACE_OWNER = "uid=1000,gid=1000,mode=0700"
+INLINE_SOURCE_BYTES = 64 * 1024  # below Linux's 128 KiB limit on one exec argument
+
+# Kill every process of the job's uid except this shell itself: the keeper runs as
+# another uid, so the container survives for the next step.
+_KILL_JOB_PROCESSES = "kill -9 -1 2>/dev/null; true"
+
+
+def owner_labels(worker: str | None) -> dict[str, str]:
+    return {
+        LABEL: "1",
+        "sandfarm.host": os.uname().nodename,
+        "sandfarm.pid": str(os.getpid()),
+        "sandfarm.worker": worker or f"{os.uname().nodename}:{os.getpid()}",
+    }
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a container is created with; jobs whose limits map to one share a warm pool."""
+
+    image: str
+    memory_mb: int
+    processes: int
+    cpu_s: int
+    file_size_mb: int
+    open_files: int
+    network: bool
+    workspace_mb: int
+
+    @classmethod
+    def for_job(cls, image: str, limits: Limits) -> Profile:
+        return cls(
+            image=image,
+            memory_mb=limits.memory_mb,
+            processes=limits.processes,
+            cpu_s=limits.cpu_s,
+            file_size_mb=limits.file_size_mb,
+            open_files=limits.open_files,
+            network=limits.network,
+            workspace_mb=limits.workspace_mb,
+        )
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        allowed_images: tuple[str, ...] | None = None,
+        runtime: str = "runc",
+        cpus: float = 1.0,
+        warm_pool: int = 0,
+        allow_weaker: bool = False,
+        worker: str | None = None,
+        **_ignored: object,  # options meant for host backends (slot, python, ...)
+    ) -> None:
+        super().__init__(allow_weaker=allow_weaker, worker=worker)
+        self.image = image
+        self.allowed_images = allowed_images or (image,)
+        self.runtime = runtime
+        self.cpus = cpus
+        self.labels = owner_labels(worker)
+        self._pool_size = warm_pool
+        self._pools: dict[Profile, WarmPool] = {}
+        self._removals: queue.Queue[str | None] = queue.Queue()
+        self._remover: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @cached_property
+    def client(self):
+        try:
+            import docker
+
+            client = docker.from_env(timeout=30)
+            client.ping()
+        except Exception as exc:  # the SDK raises several unrelated types here
+            raise BackendUnavailableError(f"no Docker engine answers: {exc}") from None
+        reap_orphans(client)
+        return client
+
+    # --- protections ----------------------------------------------------------------
+
+    def protections(self) -> list[Protection]:
+        try:
+            info = self.client.info()
+        except BackendUnavailableError as exc:
+            reason = str(exc)
+            return [
+                Protection(name, False, reason)
+                for name in ("tree_kill", "uid_isolation", "network_isolation")
+            ]
+        runtimes = sorted(info.get("Runtimes", {}))
+        images = sorted(tag for image in self.client.images.list() for tag in image.tags if tag)
+        has_image = self.image in images
+        runtime_ok = self.runtime in runtimes
+        return [
+            Protection("engine", True, f"Docker {info.get('ServerVersion')}"),
+            Protection(
+                "runtime",
+                runtime_ok,
+                f"{self.runtime} (engine has: {', '.join(runtimes)})",
+            ),
+            Protection("image", has_image, f"{self.image}" + ("" if has_image else " missing")),
+            Protection("tree_kill", True, "container removed after every job"),
+            Protection("uid_isolation", True, f"job runs as uid {JOB_USER}, no capabilities"),
+            Protection("network_isolation", True, "network none"),
+            Protection("filesystem_isolation", True, "read-only image, tmpfs workspace"),
+            Protection("seccomp", True, "Docker's default profile, no-new-privileges"),
+        ]
+
+    def check(self, spec: JobSpec) -> None:
+        image = spec.image or self.image
+        if image not in self.allowed_images:
+            raise ProtectionUnavailableError(
+                "image", f"{image!r} is not in the allowed images {list(self.allowed_images)}"
+            )
+        self.client  # noqa: B018 - raises BackendUnavailableError when no engine answers
+
+    # --- containers -----------------------------------------------------------------
+
+    def create_container(self, profile: Profile, job_id: str | None = None):
+        """Create and start a container for ``profile`` (not pulled: images are local)."""
+        labels = {**self.labels, "sandfarm.job": job_id or "-"}
+        mib = d.MIB
+        return self.client.containers.run(
+            profile.image,
+            ["sleep", "infinity"],
+            detach=True,
+            init=True,
+            user=KEEPER_USER,
+            working_dir=WORKSPACE,
+            read_only=True,
+            tmpfs={
+                WORKSPACE: f"rw,nosuid,nodev,size={profile.workspace_mb}m,exec,{WORKSPACE_OWNER}",
+                "/tmp": "rw,nosuid,nodev,exec,size=64m,mode=1777",
+            },
+            network_mode="bridge" if profile.network else "none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            mem_limit=profile.memory_mb * mib,
+            memswap_limit=profile.memory_mb * mib,
+            pids_limit=profile.processes + 4,  # + init, keeper and our exec helpers
+            nano_cpus=int(self.cpus * 1e9),
+            ulimits=_ulimits(profile),
+            runtime=self.runtime,
+            labels=labels,
+            environment={"HOME": WORKSPACE, "TMPDIR": "/tmp"},
+        )
+
+    def take_container(self, profile: Profile, job_id: str | None):
+        if self._pool_size > 0 and profile == self.default_profile:
+            pool = self._pool(profile)
+            container = pool.take()
+            if container is not None:
+                return container
+        return self.create_container(profile, job_id)
+
+    @cached_property
+    def default_profile(self) -> Profile:
+        return Profile.for_job(self.image, Limits())
+
+    def _pool(self, profile: Profile) -> WarmPool:
+        with self._lock:
+            if profile not in self._pools:
+                self._pools[profile] = WarmPool(self, profile, self._pool_size)
+            return self._pools[profile]
+
+    def start_pool(self) -> None:
+        """Fill the warm pool of the default profile now (else on first use)."""
+        if self._pool_size > 0:
+            self._pool(self.default_profile)
+
+    def remove_later(self, container_id: str) -> None:
+        """Remove off the job's critical path; close() waits for every removal."""
+        with self._lock:
+            if self._remover is None:
+                self._remover = threading.Thread(target=self._remove_loop, daemon=True)
+                self._remover.start()
+        self._removals.put(container_id)
+
+    def _remove_loop(self) -> None:
+        while (container_id := self._removals.get()) is not None:
+            remove_container(self.client, container_id)
+            self._removals.task_done()
+        self._removals.task_done()
+
+    def close(self) -> None:
+        for pool in list(self._pools.values()):
+            pool.close()
+        if self._remover is not None:
+            self._removals.put(None)
+            self._remover.join(timeout=120)
+            self._remover = None
+
+    @contextlib.contextmanager
+    def open_session(self, spec: JobSpec) -> Iterator[DockerSession]:
+        profile = Profile.for_job(spec.image or self.image, spec.limits)
+        container = self.take_container(profile, spec.id)
+        session = DockerSession(self, spec, container.id)
+        try:
+            yield session
+        finally:
+            session.close()
+
+
+def _ulimits(profile: Profile) -> list:
+    from docker.types import Ulimit
+
+    fsize = profile.file_size_mb * d.MIB
+    return [
+        Ulimit(name="nofile", soft=profile.open_files, hard=profile.open_files),
+        Ulimit(name="fsize", soft=fsize, hard=fsize),
+        Ulimit(name="core", soft=0, hard=0),
+        Ulimit(name="cpu", soft=profile.cpu_s, hard=profile.cpu_s + 1),
+    ]
+
+
+def remove_container(client, container_id: str) -> None:
+    with contextlib.suppress(Exception):  # already gone, or the engine is going away
+        client.api.remove_container(container_id, force=True)
+
+
+def reap_orphans(client) -> int:
+    """Remove containers whose owning process on this host no longer exists."""
+    host = os.uname().nodename
+    removed = 0
+    filters = {"label": [f"{LABEL}=1", f"sandfarm.host={host}"]}
+    for info in client.api.containers(all=True, filters=filters):
+        pid = int(info["Labels"].get("sandfarm.pid", "0") or 0)
+        if pid and Path(f"/proc/{pid}").exists():
+            continue
+        remove_container(client, info["Id"])
+        removed += 1
+    return removed
+
+
+class WarmPool:
+    """Started containers for one profile, each used by exactly one job, refilled behind."""
+
+    def __init__(self, backend: DockerBackend, profile: Profile, size: int) -> None:
+        self.backend = backend
+        self.profile = profile
+        self.size = size
+        self._ready: queue.Queue[str] = queue.Queue()
+        self._wanted = threading.Semaphore(0)
+        self._closed = threading.Event()
+        for _ in range(size):
+            self._wanted.release()
+        self._filler = threading.Thread(target=self._fill, daemon=True, name="sandfarm-pool")
+        self._filler.start()
+
+    def _fill(self) -> None:
+        while not self._closed.is_set():
+            if not self._wanted.acquire(timeout=0.5):
+                continue
+            try:
+                container = self.backend.create_container(self.profile, "pool")
+            except Exception:  # engine hiccup: try again shortly, never crash the worker
+                self._wanted.release()
+                time.sleep(1)
+                continue
+            if self._closed.is_set():
+                remove_container(self.backend.client, container.id)
+                return
+            self._ready.put(container.id)
+
+    def take(self):
+        try:
+            container_id = self._ready.get_nowait()
+        except queue.Empty:
+            return None
+        self._wanted.release()  # refill in the background
+        return self.backend.client.containers.get(container_id)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._filler.join(timeout=60)
+        while True:
+            try:
+                remove_container(self.backend.client, self._ready.get_nowait())
+            except queue.Empty:
+                return
+
+
+class DockerSession(Session):
+    def __init__(self, backend: DockerBackend, spec: JobSpec, container_id: str) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.id = container_id
+        self.api = backend.client.api
+        self.dead = False
+        self.steps_run = 0
+
+    # --- exec plumbing --------------------------------------------------------------
+
+    def _exec(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None,
+        limits: Limits,
+        deadline: float,
+        cancel: threading.Event | None = None,
+        user: str = JOB_USER,
+        env: dict[str, str] | None = None,
+    ) -> tuple[ExecOutcome, str]:
+        out = ExecOutcome(
+            stdout=HeadTailBuffer(limits.output_bytes, limits.head_ratio),
+            stderr=HeadTailBuffer(limits.output_bytes, limits.head_ratio),
+        )
+        started = time.monotonic()
+        exec_id = self.api.exec_create(
+            self.id,
+            argv,
+            stdin=stdin is not None,
+            user=user,
+            workdir=WORKSPACE,
+            environment=env,
+        )["Id"]
+        raw = self.api.exec_start(exec_id, socket=True)._sock
+        try:
+            if stdin is not None:
+                with contextlib.suppress(OSError):
+                    raw.sendall(stdin)
+                with contextlib.suppress(OSError):
+                    raw.shutdown(socket.SHUT_WR)
+            self._pump(raw, out, limits, deadline, cancel)
+        finally:
+            # first: the engine blocks a kill for 10 s while our socket has unread output
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_RDWR)
+            raw.close()
+        if out.timed_out or out.flooded or out.cancelled:
+            self.kill()
+        out.duration_ms = (time.monotonic() - started) * 1000
+        if self.dead:
+            out.signal = 9
+            return out, exec_id
+        try:
+            code = self.api.exec_inspect(exec_id).get("ExitCode")
+        except Exception:  # the container died under the exec (OOM-killed keeper, ...)
+            self.dead = True
+            code = None
+        if code is None:
+            out.signal = 9
+            return out, exec_id
+        if code is not None and 128 < code < 160:  # the engine reports signals as 128 + n
+            out.signal = code - 128
+        else:
+            out.exit_code = code
+        return out, exec_id
+
+    def _pump(
+        self,
+        raw: socket.socket,
+        out: ExecOutcome,
+        limits: Limits,
+        deadline: float,
+        cancel: threading.Event | None,
+    ) -> None:
+        """Demultiplex Docker's framed stream into the two head+tail buffers."""
+        sel = selectors.DefaultSelector()
+        sel.register(raw, selectors.EVENT_READ)
+        pending = bytearray()
+        streams = {1: out.stdout, 2: out.stderr}
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    out.timed_out = True
+                    return
+                if cancel is not None and cancel.is_set():
+                    out.cancelled = True
+                    return
+                if not sel.select(min(deadline - now, 0.05 if cancel else deadline - now)):
+                    continue
+                chunk = raw.recv(1 << 16)
+                if not chunk:
+                    return
+                pending += chunk
+                while len(pending) >= 8:
+                    kind, size = pending[0], struct.unpack(">I", pending[4:8])[0]
+                    if len(pending) < 8 + size:
+                        break
+                    if kind in streams:
+                        streams[kind].write(memoryview(pending)[8 : 8 + size])
+                    del pending[: 8 + size]
+                if out.stdout.total + out.stderr.total > limits.flood_kill_bytes:
+                    out.flooded = True
+                    return
+        finally:
+            sel.close()
+
+    def _helper(self, argv: list[str], stdin: bytes | None = None, budget: int = d.MIB) -> bytes:
+        """Run a farm-side helper command as the job user; returns its stdout (bounded)."""
+        limits = Limits(output_bytes=min(budget, d.OUTPUT_BYTES[1]), head_ratio=1.0)
+        outcome, _ = self._exec(argv, stdin=stdin, limits=limits, deadline=time.monotonic() + 60)
+        if outcome.exit_code != 0:
+            raise OSError(
+                f"{argv[0]} in the container failed: {outcome.stderr.text()[-300:].strip()}"
+            )
+        return outcome.stdout.head
+
+    # --- Session --------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead
+
+    def write_file(self, path: str, content: bytes) -> None:
+        self._put_files({path: content})
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        if files:
+            self._put_files(files)  # one tar stream, one exec
+
+    def _put_files(self, files: dict[str, bytes], root: str = WORKSPACE) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for path, content in files.items():
+                info = tarfile.TarInfo(path)
+                info.size, info.mode, info.uid, info.gid = len(content), 0o644, 1000, 1000
+                tar.addfile(info, io.BytesIO(content))
+        # tar refuses members that leave the directory and does not follow symlinks for
+        # the final component unless told; --no-overwrite-dir keeps workspace modes.
+        self._helper(
+            ["tar", "-x", "--no-same-owner", "--no-overwrite-dir", "-C", root, "-f", "-"],
+            stdin=buffer.getvalue(),
+        )
+
+    def _members(self, paths: list[str], budget: int) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
+        """Regular files among ``paths`` as (info, first bytes); symlinks never followed."""
+        if not paths:
+            return
+        data = self._helper(
+            ["tar", "-c", "-C", WORKSPACE, "-f", "-", "--", *paths],
+            budget=budget + 512 * (len(paths) + 4) + 10240,
+        )
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+            for info in tar:
+                if info.isreg():
+                    handle = tar.extractfile(info)
+                    yield info, handle.read() if handle else b""
+
+    def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
+        listing = self._list_files()
+        if os.path.normpath(path) not in listing:
+            raise FileNotFoundError(f"{path} is not a regular file in the workspace")
+        limit = buffer.head_limit + buffer.tail_limit
+        for info, content in self._members([path], limit + 1):
+            buffer.write(content[: buffer.head_limit])
+            if info.size > buffer.head_limit:  # fetch the tail separately, bounded
+                tail = self._helper(
+                    ["tail", "-c", str(buffer.tail_limit), "--", path], budget=limit
+                )
+                omitted = info.size - buffer.head_limit - len(tail)
+                buffer.total += max(omitted, 0)
+                buffer.write(tail)
+            return
+
+    def _list_files(self) -> dict[str, int]:
+        raw = self._helper(
+            ["find", ".", "-type", "f", "-printf", "%P\\t%s\\n"], budget=4 * d.MIB
+        ).decode("utf-8", "replace")
+        files: dict[str, int] = {}
+        for line in raw.splitlines()[:MAX_LISTED_FILES]:
+            name, _, size = line.rpartition("\t")
+            if name and size.isdigit():
+                files[name] = int(size)
+        return files
+
+    def collect(self, patterns: list[str]) -> tuple[list[CollectedFile], int]:
+        if not patterns or self.dead:
+            return [], 0
+        matching = [
+            name
+            for name in sorted(self._list_files())
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+        ]
+        chosen, omitted = matching[: d.COLLECT_MAX_FILES], len(matching) - d.COLLECT_MAX_FILES
+        collected: list[CollectedFile] = []
+        budget = d.COLLECT_MAX_TOTAL_BYTES
+        for info, content in self._members(chosen, d.COLLECT_MAX_TOTAL_BYTES):
+            if budget <= 0:
+                omitted += 1
+                continue
+            limit = min(d.COLLECT_MAX_FILE_BYTES, budget)
+            collected.append(
+                encode_collected(info.name.removeprefix("./"), info.size, content, limit)
+            )
+            budget -= len(collected[-1].content)
+        return collected, max(omitted, 0)
+
+    def exec(
+        self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
+    ) -> tuple[ExecOutcome, bool]:
+        if self.dead:
+            raise OSError("the container is gone")
+        if self.steps_run:  # nothing a step started outlives it, as on every backend
+            self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
+        self.steps_run += 1
+        source = step.code if isinstance(step, PythonStep) else step.command
+        if len(source.encode()) <= INLINE_SOURCE_BYTES:  # saves an exec per step
+            argv = (
+                ["python3", "-I", "-c", PYTHON_INLINE_BOOTSTRAP, source]
+                if isinstance(step, PythonStep)
+                else ["bash", "--noprofile", "--norc", "-c", source]
+            )
+        else:  # past the kernel's per-argument limit: through a file
+            script = f"{SCRIPTS}/step-{index}"
+            self._put_files({f".sandfarm/step-{index}": source.encode()}, root="/tmp")
+            argv = (
+                ["python3", "-I", "-c", PYTHON_BOOTSTRAP, script]
+                if isinstance(step, PythonStep)
+                else ["bash", "--noprofile", "--norc", script]
+            )
+        if step.stdin is not None:
+            argv = ["sh", "-c", 'exec "$@" < /dev/stdin', "sh", *argv]
+        env = {
+            "PATH": d.SANDBOX_PATH,
+            "HOME": WORKSPACE,
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            **self.spec.env,
+        }
+        ooms_before = self.oom_kills()
+        outcome, _ = self._exec(
+            argv,
+            stdin=step.stdin.encode() if step.stdin is not None else None,
+            limits=self.spec.limits,
+            deadline=deadline,
+            cancel=cancel,
+            env=env,
+        )
+        memory_hit = self.oom_kills() > ooms_before or self._oom_killed_state()
+        return outcome, memory_hit
+
+    def oom_kills(self) -> int:
+        """The container's memory cgroup OOM-kill count, read on the host."""
+        for path in (
+            f"/sys/fs/cgroup/memory/docker/{self.id}/memory.oom_control",
+            f"/sys/fs/cgroup/memory/system.slice/docker-{self.id}.scope/memory.oom_control",
+            f"/sys/fs/cgroup/system.slice/docker-{self.id}.scope/memory.events",
+            f"/sys/fs/cgroup/docker/{self.id}/memory.events",
+        ):
+            with contextlib.suppress(OSError):
+                for line in Path(path).read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        return 0
+
+    def _oom_killed_state(self) -> bool:
+        if not self.dead:
+            return False
+        with contextlib.suppress(Exception):
+            return bool(self.api.inspect_container(self.id)["State"].get("OOMKilled"))
+        return False
+
+    def kill(self) -> None:
+        """End the job now: the container and everything in it."""
+        self.dead = True
+        with contextlib.suppress(Exception):
+            self.api.kill(self.id)
+
+    def close(self) -> None:
+        self.dead = True
+        self.backend.remove_later(self.id)
