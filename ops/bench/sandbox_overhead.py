@@ -46,10 +46,11 @@ def time_backend(backend, spec) -> float:
 
 def rss_growth_for_flood(backend) -> float:
     """MiB this process's peak RSS grows while a job prints 1 GiB."""
-    code = "import sys\nb = b'x' * 65535 + b'\\n'\nfor _ in range(16384): sys.stdout.buffer.write(b)"
-    spec = parse_spec(
-        {"code": code, "limits": {"flood_kill_bytes": 2 * 1024**3, "timeout_s": 300}}
+    code = (
+        "import sys\nblock = b'x' * 65535 + b'\\n'\n"
+        "for _ in range(16384):\n    sys.stdout.buffer.write(block)\n"
     )
+    spec = parse_spec({"code": code, "limits": {"flood_kill_bytes": 2 * 1024**3, "timeout_s": 300}})
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = backend.run(spec)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -76,8 +77,10 @@ def main() -> None:
         for name, values in samples.items():
             ordered = sorted(values)
             p95 = ordered[int(len(ordered) * 0.95) - 1]
-            print(f"{case:7s} {name:8s} median={statistics.median(values) * 1000:7.2f} ms"
-                  f"  p95={p95 * 1000:7.2f} ms")
+            print(
+                f"{case:7s} {name:8s} median={statistics.median(values) * 1000:7.2f} ms"
+                f"  p95={p95 * 1000:7.2f} ms"
+            )
         for backend in backends:
             suffix = "" if case == "python" else f"_{case}"
             ratio = statistics.median(samples[backend.name]) / bare
