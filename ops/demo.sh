@@ -23,27 +23,28 @@ worker_pid=""
 redis_pid=""
 redis_dir=""
 
-stop_group() {  # pid: TERM its process group, wait up to 15 s, then KILL it
-  local pid=$1 _
-  kill -TERM -- "-$pid" 2>/dev/null || return 0
-  for _ in $(seq 150); do
+stop() {  # pid seconds: TERM the process (Celery: warm shutdown), then KILL its group
+  local pid=$1 limit=$2 _
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq $((limit * 10))); do
     kill -0 -- "-$pid" 2>/dev/null || return 0
     sleep 0.1
   done
-  log "process group $pid still alive after 15 s: SIGKILL"
+  log "process group $pid still alive after ${limit}s: SIGKILL"
   kill -KILL -- "-$pid" 2>/dev/null || true
 }
 
 cleanup() {
   local rc=$?
-  trap - EXIT INT TERM
+  trap - EXIT
+  trap '' INT TERM  # a second Ctrl-C must not leave the worker behind
   if [ -n "$worker_pid" ]; then
     log "stopping worker $worker_name (pid $worker_pid)"
-    stop_group "$worker_pid"
+    stop "$worker_pid" 20
   fi
   if [ -n "$redis_pid" ]; then
     log "stopping the private redis-server (pid $redis_pid)"
-    stop_group "$redis_pid"
+    stop "$redis_pid" 10
     rm -rf "$redis_dir"
   fi
   if [ "$rc" -ne 0 ]; then

@@ -79,6 +79,8 @@ def run(
     if len({path.name for path in jobs}) != len(jobs):
         fail("input files need distinct names: derived ids and error lines use the name")
     err = Console(stderr=True)
+    if not err.is_terminal:  # a log file: room for the final progress line, unwrapped
+        err = Console(stderr=True, width=max(err.width, 160))
     show = err.is_terminal if progress is None else progress
     try:
         from producer.client import FarmClient
