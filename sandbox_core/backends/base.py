@@ -102,6 +102,9 @@ class Backend(ABC):
     @abstractmethod
     def open_session(self, spec: JobSpec) -> AbstractContextManager[Session]: ...
 
+    def close(self) -> None:
+        """Release what the backend holds between jobs (slots, pools); idempotent."""
+
     def required_protections(self, spec: JobSpec) -> list[str]:
         required = ["tree_kill", "uid_isolation"]
         if not spec.limits.network:

@@ -3,33 +3,54 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
 from sandbox_core import Backend, JobResult, get_backend, parse_spec
 from tests.conftest import require
 
-BACKENDS = ["process", "bwrap", "docker"]
+# name -> (backend, options); "docker-runsc" is the docker backend under gVisor.
+BACKENDS = {
+    "process": ("process", {}),
+    "bwrap": ("bwrap", {}),
+    "docker": ("docker", {}),
+    "docker-runsc": ("docker", {"runtime": "runsc"}),
+}
+SANDBOX_IMAGE = "sandfarm/sandbox:latest"
 
 
-def _available(name: str) -> tuple[bool, str]:
-    if name == "bwrap" and shutil.which("bwrap") is None:
-        return False, "bubblewrap is not installed"
-    if name == "docker":
-        try:
-            import docker
+def docker_status(runtime: str = "runc") -> tuple[bool, str]:
+    """Is there an engine with the sandbox image (and the runtime)? And if not, why."""
+    try:
+        import docker
 
-            docker.from_env(timeout=3).ping()
-        except Exception as exc:  # any failure to reach the engine means "no engine"
-            return False, f"no Docker engine answers: {exc}"
+        client = docker.from_env(timeout=5)
+        info = client.info()
+        client.images.get(SANDBOX_IMAGE)
+    except Exception as exc:  # any failure to reach the engine or image means "not here"
+        return False, f"no Docker engine with {SANDBOX_IMAGE}: {exc}"
+    if runtime not in info.get("Runtimes", {}):
+        return False, f"the engine has no {runtime} runtime (ops/install_docker.sh registers it)"
     return True, ""
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> Backend:
-    ok, reason = _available(request.param)
+def _available(name: str, options: dict) -> tuple[bool, str]:
+    if name == "bwrap" and shutil.which("bwrap") is None:
+        return False, "bubblewrap is not installed"
+    if name == "docker":
+        return docker_status(str(options.get("runtime", "runc")))
+    return True, ""
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    name, options = BACKENDS[request.param]
+    ok, reason = _available(name, options)
     require(ok, reason)
-    return get_backend(request.param)
+    sandbox = get_backend(name, **options)
+    yield sandbox
+    sandbox.close()
 
 
 @pytest.fixture
