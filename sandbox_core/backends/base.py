@@ -102,7 +102,7 @@ class Backend(ABC):
     @abstractmethod
     def open_session(self, spec: JobSpec) -> AbstractContextManager[Session]: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release what the backend holds between jobs (slots, pools); idempotent."""
 
     def required_protections(self, spec: JobSpec) -> list[str]:
