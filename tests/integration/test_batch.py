@@ -6,6 +6,7 @@ exactly once" is checked on the host, not inferred from the results.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,13 +23,7 @@ import pytest
 
 from tests.conftest import require
 
-BATCH_DB = 11  # this module's own Redis DB: broker, job state and results
 BIN = Path(sys.executable).parent
-
-
-def _url_with_db(url: str, db: int) -> str:
-    base, _, tail = url.rpartition("/")
-    return f"{base}/{db}" if tail.isdigit() else f"{url.rstrip('/')}/{db}"
 
 
 def sandfarm(*args: str, url: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -40,16 +35,18 @@ def sandfarm(*args: str, url: str, timeout: float = 60) -> subprocess.CompletedP
 
 @pytest.fixture(scope="module")
 def farm(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A flushed Redis DB and one worker (process backend, 2 slots) consuming it."""
-    import redis
-
-    from producer.client import FarmClient
+    """A Redis DB of this module's own (locked, flushed) and a worker consuming it."""
+    from tests.farmkit import private_db
 
     require(os.geteuid() == 0, "the process backend's slot uids need root")
     require((BIN / "sandfarm").exists(), "the sandfarm entry point is not installed")
-    url = _url_with_db(redis_url, BATCH_DB)
-    db = redis.Redis.from_url(url)
-    db.flushdb()
+    with private_db(redis_url) as url:
+        yield from _worker(url, tmp_path_factory)
+
+
+def _worker(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from producer.client import FarmClient
+
     name = f"batchtest-{os.getpid()}"
     log = tmp_path_factory.mktemp("batch-worker") / "worker.log"
     with log.open("w") as sink:
@@ -67,16 +64,12 @@ def farm(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
                 time.sleep(0.2)
         yield url
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
+        proc.terminate()  # Celery's warm shutdown; then nothing of its group may remain
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        db.flushdb()
-        db.close()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture
