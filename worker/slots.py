@@ -1,9 +1,10 @@
 """Sandbox slot ⇄ pool process ⇄ unprivileged uid.
 
-A worker reserves a block of ``concurrency`` consecutive slots on its host when it
-starts (before the pool forks), so two workers on one host never share a slot. Pool
-process ``i`` (billiard keeps a replacement child on the index of the one it replaces)
-always runs its jobs in slot ``base + i``, hence as uid ``SLOT_UID_BASE + base + i``.
+A worker reserves a block of ``concurrency`` consecutive slots on its host (from the
+top of the range down) when it starts, before the pool forks, so two workers on one
+host never share a slot. Pool process ``i`` (billiard gives a replacement child the
+index of the one it replaces) always runs its jobs in slot ``base + i``, hence as uid
+``SLOT_UID_BASE + base + i``.
 
 The reservation is an flock per slot, separate from the per-job slot lock in
 sandbox_core.slots: it is held by the worker's main process and inherited by its pool
@@ -53,10 +54,14 @@ def _try(index: int) -> int | None:
 
 
 def reserve(size: int, base: int | None = None) -> Reservation:
-    """Reserve ``size`` consecutive slots: at ``base``, or the lowest free block."""
+    """Reserve ``size`` consecutive slots: at ``base``, or the highest free block.
+
+    From the top down because local users of sandbox_core (`sandfarm run`, tests) take
+    the first free slot from 0 up: the two meet only on a host with nearly every slot busy.
+    """
     if size < 1 or size > d.MAX_SLOTS:
         raise ValueError(f"concurrency must be 1..{d.MAX_SLOTS}")
-    starts = [base] if base is not None else range(d.MAX_SLOTS - size + 1)
+    starts = [base] if base is not None else range(d.MAX_SLOTS - size, -1, -1)
     for start in starts:
         if start + size > d.MAX_SLOTS:
             break

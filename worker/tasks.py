@@ -34,14 +34,26 @@ from worker.app import app, settings, slot_index
 # The running flag outlives the job's deadline by this much (slot wait, setup, storing).
 RUNNING_MARGIN_S = 120.0
 
+# KEYS: result, attempts, running, cancel, in-flight zset
+# ARGV: ttl, running JSON, running ttl, job id, in-flight expiry (epoch seconds)
+_BEGIN_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
+local attempts = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[3])
+redis.call('ZADD', KEYS[5], ARGV[5], ARGV[4])
+return {attempts, redis.call('EXISTS', KEYS[4])}
+"""
+
 _client: redis.Redis | None = None
+_begin_script: Any = None
 _store: ResultStore | None = None
 _backends: dict[str, Backend] = {}
 
 
 def client() -> redis.Redis:
     """This process's Redis client; retries across a Redis restart of up to ~a minute."""
-    global _client, _store
+    global _client, _store, _begin_script
     if _client is None:
         _client = redis.Redis.from_url(
             settings.redis_url,
@@ -52,6 +64,7 @@ def client() -> redis.Redis:
             health_check_interval=10,
         )
         _store = ResultStore(_client, settings)
+        _begin_script = _client.register_script(_BEGIN_LUA)
     return _client
 
 
@@ -146,21 +159,27 @@ def execute(self: Task, spec: dict, meta: dict) -> str:
     queued_at = _parse_time(meta.get("queued_at"))
     hostname = self.request.hostname
     keys = settings.keys
-    r = client()
+    client()
     ttl = settings.result_ttl_s
 
-    if r.exists(keys.result(job_id)):
+    # One atomic round trip: stop if final, else count the attempt, flag it running
+    # (expiring soon after its deadline, so a killed pool process leaves no stale flag)
+    # and list it in flight; and read the cancel flag after setting ours (see cancel()).
+    deadline_in = _timeout_of(spec) + RUNNING_MARGIN_S
+    running = json.dumps({"worker": hostname, "pid": os.getpid(), "slot": slot_index()})
+    attempts, cancelled = _begin_script(
+        keys=[
+            keys.result(job_id),
+            keys.attempts(job_id),
+            keys.running(job_id),
+            keys.cancel(job_id),
+            keys.in_flight,
+        ],
+        args=[ttl, running, int(deadline_in), job_id, time.time() + deadline_in],
+    )
+    if attempts < 0:
         # Redelivered after a result was stored (lost ack), or cancelled while queued.
         return "already final"
-
-    pipe = r.pipeline(transaction=True)
-    pipe.incr(keys.attempts(job_id))
-    pipe.expire(keys.attempts(job_id), ttl)
-    running = json.dumps({"worker": hostname, "pid": os.getpid(), "slot": slot_index()})
-    # Expires soon after the job's own deadline: a killed pool process leaves no stale flag.
-    pipe.set(keys.running(job_id), running, ex=int(_timeout_of(spec) + RUNNING_MARGIN_S))
-    pipe.exists(keys.cancel(job_id))
-    attempts, _, _, cancelled = pipe.execute()
     common = {"worker": hostname, "attempts": attempts, "labels": {}}
     if isinstance(spec, dict) and isinstance(spec.get("labels"), dict):
         common["labels"] = {str(k): str(v) for k, v in list(spec["labels"].items())[:32]}
@@ -186,7 +205,6 @@ def execute(self: Task, spec: dict, meta: dict) -> str:
         store(_final(job_id, Status.ERROR, message, backend=name, **common), notify)
         return "error"
 
-    r.zadd(keys.in_flight, {job_id: time.time() + job.limits.timeout_s + RUNNING_MARGIN_S})
     try:
         with CancelWatch(keys.cancel(job_id), settings.cancel_poll_s) as cancel:
             result = backend.run(job, cancel=cancel, queued_at=queued_at)

@@ -321,6 +321,15 @@ def test_flower_lists_workers_and_tasks_with_summary(farm: Farm) -> None:
                 return False
 
         wait_for(up, 30, 0.2, "flower up")
+        with farm.client() as client:
+            # Flower sees only events sent after it subscribed: wait until a probe shows up.
+            def listening() -> bool:
+                probe = client.submit({"command": "true"})
+                client.result(probe, timeout=10)
+                time.sleep(0.5)
+                return probe in requests.get(f"{base}/api/tasks", timeout=10).json()
+
+            wait_for(listening, 40, 0.1, "flower receiving events")
         secret = "print('TOP-SECRET-CODE')"
         with farm.client() as client:
             ids = client.submit_many(
