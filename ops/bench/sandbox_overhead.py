@@ -58,10 +58,17 @@ def rss_growth_for_flood(backend) -> float:
     return (after - before) / 1024
 
 
+def default_backends() -> str:
+    """process, plus bwrap where bubblewrap can build its namespaces on this host."""
+    from sandbox_core.backends.bwrap import probe
+
+    return "process,bwrap" if probe().ok else "process"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=200)
-    parser.add_argument("--backends", default="process")
+    parser.add_argument("--backends", default=default_backends())
     args = parser.parse_args()
     backends = [get_backend(name) for name in args.backends.split(",")]
     for case, (argv, raw) in CASES.items():
