@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         description="producers also emit task-sent events (Flower shows queued jobs; slower"
         " enqueue)",
     )
+    prefetch_multiplier: int = Field(
+        1,
+        ge=1,
+        description="messages a worker holds per slot (1: no job waits behind another's)",
+    )
+    task_events: bool = Field(True, description="workers send task events (Flower needs them)")
     flower_port: int = Field(5555, description="`sandfarm flower` port")
 
     @model_validator(mode="after")

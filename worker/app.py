@@ -30,13 +30,13 @@ def worker_config(s: Settings) -> dict[str, object]:
         "task_acks_on_failure_or_timeout": True,
         # One job per slot: a prefetched job would wait behind a long one (and be lost
         # to nobody but delayed), and a dead worker would take extra jobs down with it.
-        "worker_prefetch_multiplier": 1,
+        "worker_prefetch_multiplier": s.prefetch_multiplier,
         # Celery's limits sit above the sandbox's own (set per job when enqueued): the
         # sandbox, which kills its whole tree, ends a job; Celery only catches a hang.
         "task_soft_time_limit": s.hard_time_limit_s - 30,
         "task_time_limit": s.hard_time_limit_s,
         # Events for Flower: workers report received/started/succeeded with argsrepr.
-        "worker_send_task_events": True,
+        "worker_send_task_events": s.task_events,
         "task_send_sent_event": s.sent_events,
         # A running sandbox survives a broker blip; its message is redelivered after the
         # visibility timeout only if the ack was lost, and the duplicate result is dropped.

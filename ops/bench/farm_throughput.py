@@ -57,6 +57,22 @@ def bare(n: int, parallel: int) -> float:
     return time.perf_counter() - start
 
 
+def sandbox_only(n: int, parallel: int) -> float:
+    """The same jobs through the process backend directly (no farm), same parallelism."""
+    from sandbox_core import get_backend, parse_spec
+
+    backend = get_backend("process")  # each run takes the first free slot
+
+    def one(i: int) -> None:
+        result = backend.run(parse_spec({"command": f'python3 -c "print({i})"'}))
+        assert result.status == Status.SUCCEEDED, result.model_dump_json()[:400]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(one, range(n)))
+    return time.perf_counter() - start
+
+
 def through_farm(client: FarmClient, specs: list[dict]) -> float:
     start = time.perf_counter()
     ids = client.submit_many(specs)
@@ -133,6 +149,11 @@ def main() -> None:
     parser.add_argument("--enqueue", type=int, default=100_000, help="jobs for the enqueue rate")
     parser.add_argument("--code", action="store_true", help="also python-step jobs")
     parser.add_argument("--rounds", type=int, default=4, help="farm/bare alternations")
+    parser.add_argument("--prefetch", type=int, default=None, help="worker prefetch multiplier")
+    parser.add_argument(
+        "--sandbox", action="store_true", help="also the process backend alone (no farm)"
+    )
+    parser.add_argument("--no-events", action="store_true", help="worker without task events")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: the worker runs jobs in per-slot uids")
@@ -144,11 +165,18 @@ def main() -> None:
         "SANDFARM_QUEUE": f"bench-{tag}",
         "SANDFARM_KEY_PREFIX": f"bench-{tag}:",
     }
+    if args.prefetch:
+        env["SANDFARM_PREFETCH_MULTIPLIER"] = str(args.prefetch)
+    if args.no_events:
+        env["SANDFARM_TASK_EVENTS"] = "0"
     settings = get_settings(
         redis_url=base.redis_url, queue=env["SANDFARM_QUEUE"], key_prefix=env["SANDFARM_KEY_PREFIX"]
     )
     n, par = args.n, args.concurrency
-    print(f"# {n} jobs, concurrency {par}, redis {settings.redis_url}, python {PYTHON}")
+    print(
+        f"# {n} jobs, concurrency {par}, prefetch x{args.prefetch or 1},"
+        f" events {'off' if args.no_events else 'on'}, redis {settings.redis_url}"
+    )
     logdir = Path(tempfile.mkdtemp(prefix="sandfarm-bench-"))
     worker = start_worker(env, par, logdir / "worker.log")
     client = FarmClient(settings=settings)
@@ -157,15 +185,22 @@ def main() -> None:
         through_farm(client, command[: min(50, n)])  # warm: pool processes, slots, cgroups
         bare(min(50, n), par)
         # Interleaved rounds, so load from elsewhere on the machine hits both alike.
-        farm_s = bare_s = 0.0
+        farm_s = bare_s = sandbox_s = 0.0
         per_round = -(-n // args.rounds)
         for start in range(0, n, per_round):
             part = command[start : start + per_round]
             farm_s += through_farm(client, part)
             bare_s += bare(len(part), par)
+            if args.sandbox:
+                sandbox_s += sandbox_only(len(part), par)
         farm_rate, bare_rate = n / farm_s, n / bare_s
         print(f"farm.jobs_per_s={farm_rate:.1f}  ({farm_s:.2f} s for {n})")
         print(f"bare.jobs_per_s={bare_rate:.1f}  ({bare_s:.2f} s for {n})")
+        if args.sandbox:
+            sandbox_rate = n / sandbox_s
+            print(f"sandbox.jobs_per_s={sandbox_rate:.1f}  (process backend, no farm)")
+            print(f"ratio.sandbox={sandbox_rate / bare_rate:.3f}")
+            print(f"ratio.farm_vs_sandbox={farm_rate / sandbox_rate:.3f}")
         print(f"ratio.farm={farm_rate / bare_rate:.3f}")
         if args.code:
             code = [{"code": f"print({i})"} for i in range(n)]

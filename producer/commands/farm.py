@@ -72,7 +72,6 @@ def worker(
         str(settings.concurrency),
         "-O",
         "fair",  # a free pool process takes the next job; none waits behind a long one
-        "-E",  # task events, for Flower
         "-Q",
         settings.queue,
         "-l",
@@ -80,6 +79,8 @@ def worker(
         "--without-gossip",  # workers need not watch each other; less event traffic
         "--without-mingle",  # no revoked-task sync at start: we cancel through Redis keys
     ]
+    if settings.task_events:
+        args.append("-E")  # task events, for Flower
     if name:
         args += ["-n", name if "@" in name else f"{name}@%h"]
     _exec_celery(args, env)
