@@ -77,9 +77,10 @@ def run_captured(
         sel.register(fd, selectors.EVENT_READ)
     sel.register(pidfd, selectors.EVENT_READ)
     pending_stdin = memoryview(stdin_data or b"")
-    if proc.stdin is not None:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+    stdin_fd = proc.stdin.fileno() if proc.stdin is not None else None
+    if stdin_fd is not None:
+        os.set_blocking(stdin_fd, False)
+        sel.register(stdin_fd, selectors.EVENT_WRITE)
     status: int | None = None
     drain_until: float | None = None
     killed = False
@@ -123,7 +124,7 @@ def run_captured(
                     sel.unregister(pidfd)
                     if drain_until is None:
                         drain_until = time.monotonic() + d.EXIT_DRAIN_S
-                elif proc.stdin is not None and fd == proc.stdin.fileno():
+                elif fd == stdin_fd:
                     pending_stdin = _feed(proc, sel, pending_stdin)
                 else:
                     chunk = _read(fd)

@@ -25,8 +25,10 @@ _MNT_DETACH = 2
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def mount_tmpfs(target: str, size_mb: int, uid: int, gid: int) -> None:
-    opts = f"size={size_mb}m,mode=0700,uid={uid},gid={gid}".encode()
+def mount_tmpfs(target: str, size_mb: int) -> None:
+    # Root-owned and 0711: the job owns only work/ and tmp/ inside, so it can never
+    # rename or replace what the worker writes here as root (step scripts).
+    opts = f"size={size_mb}m,mode=0711,uid=0,gid=0".encode()
     if _libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
@@ -65,12 +67,13 @@ class Workspace:
         try:
             if os.geteuid() == 0 and uid is not None:
                 # A tmpfs bounds the workspace size and is removed in one unmount.
-                mount_tmpfs(str(root), size_mb, uid, gid if gid is not None else uid)
+                mount_tmpfs(str(root), size_mb)
                 ws.mounted = True
             for sub in (ws.work, ws.tmp):
                 sub.mkdir(mode=0o700)
                 ws._chown(sub)
-            ws._chown(root)
+            if not ws.mounted:
+                os.chmod(root, 0o711)
         except BaseException:
             ws.remove()
             raise

@@ -377,7 +377,7 @@ class DockerSession(Session):
                     raw.sendall(stdin)
                 with contextlib.suppress(OSError):
                     raw.shutdown(socket.SHUT_WR)
-            self._pump(raw, out, limits, deadline, cancel)
+            self._pump(raw, exec_id, out, limits, deadline, cancel)
         finally:
             # first: the engine blocks a kill for 10 s while our socket has unread output
             with contextlib.suppress(OSError):
@@ -406,26 +406,41 @@ class DockerSession(Session):
     def _pump(
         self,
         raw: socket.socket,
+        exec_id: str,
         out: ExecOutcome,
         limits: Limits,
         deadline: float,
         cancel: threading.Event | None,
     ) -> None:
-        """Demultiplex Docker's framed stream into the two head+tail buffers."""
+        """Demultiplex Docker's framed stream into the two head+tail buffers.
+
+        The stream normally ends when the process exits; where a runtime keeps it open
+        while a leftover holds the pipe (gVisor), the exec's state is polled instead and
+        leftovers get EXIT_DRAIN_S to finish writing, as on the host backends.
+        """
         sel = selectors.DefaultSelector()
         sel.register(raw, selectors.EVENT_READ)
         pending = bytearray()
         streams = {1: out.stdout, 2: out.stderr}
+        next_poll = time.monotonic() + 0.25
+        drain_until: float | None = None
         try:
             while True:
                 now = time.monotonic()
+                if drain_until is not None and now >= drain_until:
+                    return
                 if now >= deadline:
                     out.timed_out = True
                     return
                 if cancel is not None and cancel.is_set():
                     out.cancelled = True
                     return
-                if not sel.select(min(deadline - now, 0.05 if cancel else deadline - now)):
+                if drain_until is None and now >= next_poll:
+                    next_poll = now + 0.25
+                    with contextlib.suppress(Exception):
+                        if not self.api.exec_inspect(exec_id).get("Running", True):
+                            drain_until = now + d.EXIT_DRAIN_S
+                if not sel.select(min(deadline, next_poll, drain_until or deadline) - now):
                     continue
                 chunk = raw.recv(1 << 16)
                 if not chunk:

@@ -15,7 +15,13 @@ from sandbox_core import cgroups, slots
 from sandbox_core import defaults as d
 from sandbox_core.backends.base import PYTHON_BOOTSTRAP, Backend, Protection, Session
 from sandbox_core.cgroups import JobCgroup
-from sandbox_core.isolation import ChildSetup, rlimits_for, sweep_uid
+from sandbox_core.isolation import (
+    ChildSetup,
+    become_subreaper,
+    reap_zombies_of,
+    rlimits_for,
+    sweep_uid,
+)
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome, run_captured
@@ -100,6 +106,8 @@ class LocalSession(Session):
             )
         finally:
             self.kill_tree()  # nothing a step started outlives it, daemon or not
+            if self.slot.uid is not None:
+                reap_zombies_of(self.slot.uid)
         memory_hit = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
         return outcome, memory_hit
 
@@ -130,6 +138,8 @@ class LocalBackend(Backend):
         self.workspace_base = workspace_base
         self.python = python
         self.is_root = os.geteuid() == 0
+        if self.is_root:
+            become_subreaper()
         self._idle_slots: list[slots.Slot] = []
         self._slots_lock = threading.Lock()
 

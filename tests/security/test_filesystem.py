@@ -58,3 +58,25 @@ def test_collect_is_bounded(run):
     assert len(result.files) <= 64
     assert result.files_omitted >= 100 + 1 - 64
     assert sum(len(f.content) for f in result.files) <= 1024 * 1024 * 4 // 3 + 1
+
+
+def test_job_cannot_redirect_the_workers_own_writes(run):
+    """The worker writes step scripts as root beside the workspace; a job that swaps
+    that directory for a symlink must not make the worker write into the host."""
+    result = run(
+        steps=[
+            {"kind": "bash", "command": "cd ..; mv scripts s2 && ln -s /etc scripts; true"},
+            {"kind": "bash", "command": "echo second step"},
+        ]
+    )
+    assert not os.path.exists("/etc/step-1")
+    assert result.steps[1].stdout == "second step\n"
+
+
+def test_stdin_reaches_the_step(run):
+    result = run(
+        steps=[
+            {"kind": "python", "code": "import sys; print(sys.stdin.read()[::-1])", "stdin": "abc"}
+        ]
+    )
+    assert result.steps[0].stdout == "cba\n", result
