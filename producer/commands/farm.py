@@ -13,7 +13,7 @@ import sys
 import click
 
 from producer.commands.local import fail, limit_options, print_result, spec_from_options
-from sandbox_core import BACKEND_NAMES
+from sandbox_core import BACKEND_NAMES, SpecError, parse_spec
 
 redis_url_option = click.option(
     "--redis-url", envvar="SANDFARM_REDIS_URL", help="Redis URL [env SANDFARM_REDIS_URL]"
@@ -122,7 +122,10 @@ def submit(
         backend=backend,
     )
     if job_id:
-        spec.id = job_id
+        try:  # validated like any spec field (charset, length)
+            spec = parse_spec({**spec.model_dump(mode="json", exclude_none=True), "id": job_id})
+        except SpecError as exc:
+            fail(str(exc))
     with FarmClient(redis_url) as client:
         try:
             submitted = client.submit(spec)
@@ -168,13 +171,21 @@ def status(as_json: bool, redis_url: str | None) -> None:
 @click.command()
 @click.option("--port", type=int, default=None, help="HTTP port [default 5555]")
 @click.option("--address", default="127.0.0.1", show_default=True)
+@click.option(
+    "--api", is_flag=True, help="serve Flower's HTTP API without auth (keep --address local)"
+)
 @redis_url_option
-def flower(port: int | None, address: str, redis_url: str | None) -> None:
-    """Start Flower on the farm's broker (workers and tasks, with short summaries)."""
+def flower(port: int | None, address: str, api: bool, redis_url: str | None) -> None:
+    """Start Flower on the farm's broker (workers and tasks, with short summaries).
+
+    Same as: SANDFARM_REDIS_URL=... celery -A producer.celery_app flower --port=5555
+    """
     from producer.settings import get_settings
 
     settings = get_settings(redis_url=redis_url)
     env = {"SANDFARM_REDIS_URL": settings.redis_url}
+    if api:
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"
     port = port or settings.flower_port
     _exec_celery(
         ["-A", "producer.celery_app", "flower", f"--port={port}", f"--address={address}"], env

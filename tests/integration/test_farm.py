@@ -289,6 +289,14 @@ def test_cli_submit_wait(farm: Farm) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert '"id"' in out.stdout
+    out = subprocess.run(
+        [SANDFARM, "submit", "--command", "true", "--id", "no spaces allowed"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "id:" in out.stderr, out.stderr
 
 
 def _free_port() -> int:
@@ -301,10 +309,10 @@ def test_flower_lists_workers_and_tasks_with_summary(farm: Farm) -> None:
     requests = pytest.importorskip("requests")
     port = _free_port()
     log = farm.tmp / "flower.log"
-    env = {**os.environ, **farm.env, "FLOWER_UNAUTHENTICATED_API": "true"}
+    env = {**os.environ, **farm.env}
     with open(log, "wb") as out:
         flower = subprocess.Popen(
-            [SANDFARM, "flower", "--port", str(port)],
+            [SANDFARM, "flower", "--port", str(port), "--api"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
