@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 
@@ -10,13 +11,16 @@ import pytest
 from sandbox_core import Backend, JobResult, get_backend, parse_spec
 from tests.conftest import require
 
-# name -> (backend, options); "docker-runsc" is the docker backend under gVisor.
+# name -> (backend, options). "docker-runsc" (the docker backend under gVisor) joins
+# only with SANDFARM_TEST_GVISOR=1: Debian 12's runsc (20221219, ptrace platform) loses
+# its sentry ("WaitPID failed: EOF") on exec'd jobs that fork, on this farm's kernel.
 BACKENDS = {
     "process": ("process", {}),
     "bwrap": ("bwrap", {}),
     "docker": ("docker", {}),
-    "docker-runsc": ("docker", {"runtime": "runsc"}),
 }
+if os.environ.get("SANDFARM_TEST_GVISOR") == "1":
+    BACKENDS["docker-runsc"] = ("docker", {"runtime": "runsc"})
 SANDBOX_IMAGE = "sandfarm/sandbox:latest"
 
 

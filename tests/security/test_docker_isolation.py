@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,20 @@ def test_containers_of_a_killed_owner_are_reaped(docker_backend):
     assert reap_orphans(client) >= 1
     left = client.api.containers(all=True, filters={"label": f"sandfarm.pid={owner.pid}"})
     assert left == []
+
+
+def test_gvisor_runtime_runs_a_job():
+    """The `runtime` setting reaches the engine: a job runs under gVisor's runsc."""
+    ok, reason = docker_status("runsc")
+    require(ok, reason)
+    backend = get_backend("docker", runtime="runsc")
+    try:
+        result = _run(backend, code="print(open('/proc/version').read(), 'in-gvisor')")
+        container_runtime = {p.name: p.detail for p in backend.protections()}["runtime"]
+    finally:
+        backend.close()
+    assert result.status == Status.SUCCEEDED, result
+    assert "in-gvisor" in result.steps[0].stdout
+    host_kernel = Path("/proc/version").read_text().split()[2]
+    assert host_kernel not in result.steps[0].stdout  # gVisor's own kernel, not the host's
+    assert container_runtime.startswith("runsc")
