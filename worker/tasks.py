@@ -35,12 +35,14 @@ from worker.app import app, settings, slot_index
 RUNNING_MARGIN_S = 120.0
 
 # KEYS: result, attempts, running, cancel, in-flight zset
-# ARGV: ttl, running JSON, running ttl, job id, in-flight expiry (epoch seconds)
+# ARGV: ttl, running JSON, running ttl, job id, in-flight expiry, now (epoch seconds);
+# entries past their expiry (jobs of killed workers) are dropped here and by status().
 _BEGIN_LUA = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
 local attempts = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[6])
 redis.call('ZADD', KEYS[5], ARGV[5], ARGV[4])
 return {attempts, redis.call('EXISTS', KEYS[4])}
 """
@@ -175,7 +177,7 @@ def execute(self: Task, spec: dict, meta: dict) -> str:
             keys.cancel(job_id),
             keys.in_flight,
         ],
-        args=[ttl, running, int(deadline_in), job_id, time.time() + deadline_in],
+        args=[ttl, running, int(deadline_in), job_id, time.time() + deadline_in, time.time()],
     )
     if attempts < 0:
         # Redelivered after a result was stored (lost ack), or cancelled while queued.

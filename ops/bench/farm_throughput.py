@@ -116,6 +116,9 @@ def stop_worker(proc: subprocess.Popen) -> None:
 
 def cleanup(client: redis.Redis, settings: Settings) -> None:
     client.delete(settings.queue)
+    # kombu's routing-table keys for the queue (TTL-less).
+    for key in client.scan_iter(f"_kombu.binding*{settings.queue}", count=5000):
+        client.unlink(key)
     for key in client.scan_iter(f"{settings.key_prefix}*", count=5000):
         client.unlink(key)
 
