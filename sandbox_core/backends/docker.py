@@ -171,8 +171,9 @@ class DockerBackend(Backend):
 
     # --- containers -----------------------------------------------------------------
 
-    def create_container(self, profile: Profile, job_id: str | None = None):
-        """Create and start a container for ``profile`` (not pulled: images are local)."""
+    def create_container(self, profile: Profile, job_id: str | None = None) -> str:
+        """Create and start a container for ``profile`` (never pulled: images are local);
+        returns its id."""
         labels = {**self.labels, "sandfarm.job": job_id or "-"}
         mib = d.MIB
         return self.client.containers.run(
@@ -198,9 +199,9 @@ class DockerBackend(Backend):
             runtime=self.runtime,
             labels=labels,
             environment={"HOME": WORKSPACE, "TMPDIR": "/tmp"},
-        )
+        ).id
 
-    def take_container(self, profile: Profile, job_id: str | None):
+    def take_container(self, profile: Profile, job_id: str | None) -> str:
         if self._pool_size > 0 and profile == self.default_profile:
             pool = self._pool(profile)
             container = pool.take()
@@ -218,10 +219,13 @@ class DockerBackend(Backend):
                 self._pools[profile] = WarmPool(self, profile, self._pool_size)
             return self._pools[profile]
 
-    def start_pool(self) -> None:
-        """Fill the warm pool of the default profile now (else on first use)."""
-        if self._pool_size > 0:
-            self._pool(self.default_profile)
+    def start_pool(self, wait_s: float = 0.0) -> bool:
+        """Fill the warm pool of the default profile now (else on first use); with
+        ``wait_s``, wait until it is full. True when the pool is full."""
+        if self._pool_size <= 0:
+            return False
+        pool = self._pool(self.default_profile)
+        return pool.wait_ready(wait_s) if wait_s else False
 
     def remove_later(self, container_id: str) -> None:
         """Remove off the job's critical path; close() waits for every removal."""
@@ -248,8 +252,7 @@ class DockerBackend(Backend):
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[DockerSession]:
         profile = Profile.for_job(spec.image or self.image, spec.limits)
-        container = self.take_container(profile, spec.id)
-        session = DockerSession(self, spec, container.id)
+        session = DockerSession(self, spec, self.take_container(profile, spec.id))
         try:
             yield session
         finally:
@@ -313,17 +316,26 @@ class WarmPool:
                 time.sleep(1)
                 continue
             if self._closed.is_set():
-                remove_container(self.backend.client, container.id)
+                remove_container(self.backend.client, container)
                 return
-            self._ready.put(container.id)
+            self._ready.put(container)
 
-    def take(self):
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Block until the pool holds ``size`` started containers (for benchmarks, tests)."""
+        deadline = time.monotonic() + timeout_s
+        while self._ready.qsize() < self.size:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def take(self) -> str | None:
         try:
             container_id = self._ready.get_nowait()
         except queue.Empty:
             return None
         self._wanted.release()  # refill in the background
-        return self.backend.client.containers.get(container_id)
+        return container_id
 
     def close(self) -> None:
         self._closed.set()
