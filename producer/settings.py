@@ -71,6 +71,15 @@ class Settings(BaseSettings):
     )
     task_events: bool = Field(True, description="workers send task events (Flower needs them)")
     flower_port: int = Field(5555, description="`sandfarm flower` port")
+    docker_image: str = Field(
+        "sandfarm/sandbox:latest", description="docker backend: default (and allowed) image"
+    )
+    docker_runtime: str = Field(
+        "runc", description="docker backend: OCI runtime (`runsc` for gVisor)"
+    )
+    docker_warm_pool: int = Field(
+        2, ge=0, description="docker backend: started containers kept ready per pool process"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -81,6 +81,31 @@ def sweep_free(workspace_base: Path | None = None) -> list[int]:
     return swept
 
 
+_docker: dict[str, object] = {}
+
+
+def reap_containers() -> int:
+    """Remove sandbox containers whose owning (pool) process on this host is gone.
+
+    A no-op where no Docker engine answers; the engine is looked up once.
+    """
+    if "client" not in _docker:
+        _docker["client"] = None
+        if Path("/var/run/docker.sock").exists():
+            with contextlib.suppress(Exception):
+                import docker
+
+                client = docker.from_env(timeout=10)
+                client.ping()
+                _docker["client"] = client
+    client = _docker["client"]
+    if client is None:
+        return 0
+    from sandbox_core.backends.docker import reap_orphans
+
+    return reap_orphans(client)
+
+
 def beat(client, key: str, name: str, info: dict, ttl: float) -> None:
     info = {**info, "ts": time.time()}
     pipe = client.pipeline(transaction=False)
@@ -131,6 +156,7 @@ def _loop(parent, name, base, size, interval, settings, client, info) -> None:
                     client.hdel(settings.keys.workers, name)
         try:
             sweep_free()
+            reap_containers()
         except Exception as exc:  # never let the reaper die of one bad slot
             print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
         if alive and client is not None:

@@ -83,6 +83,12 @@ def backend_for(name: str, hostname: str | None) -> Backend:
         options: dict[str, object] = {"worker": hostname, "allow_weaker": settings.allow_weaker}
         if name in ("process", "bwrap"):
             options["slot"] = slot_index()
+        if name == "docker":
+            options.update(
+                image=settings.docker_image,
+                runtime=settings.docker_runtime,
+                warm_pool=settings.docker_warm_pool,
+            )
         backend = get_backend(name, **options)
         _backends[name] = backend
     return backend

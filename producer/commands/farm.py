@@ -34,7 +34,11 @@ def _exec_celery(args: list[str], env: dict[str, str]) -> None:
 
 
 @click.command()
-@click.option("--backend", type=click.Choice(BACKEND_NAMES), default="process", show_default=True)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKEND_NAMES),
+    help="backend of jobs that name none [default: SANDFARM_DEFAULT_BACKEND, else process]",
+)
 @click.option("--concurrency", "-c", type=int, default=None, help="sandbox slots [default 2]")
 @click.option("--name", "-n", help="node name (NAME@host); distinct per worker on a host")
 @click.option("--queue", "-Q", help="queue to consume [default sandfarm]")
@@ -42,7 +46,7 @@ def _exec_celery(args: list[str], env: dict[str, str]) -> None:
 @click.option("--allow-weaker", is_flag=True, help="run jobs even if a protection is missing")
 @redis_url_option
 def worker(
-    backend: str,
+    backend: str | None,
     concurrency: int | None,
     name: str | None,
     queue: str | None,
@@ -56,7 +60,7 @@ def worker(
     settings = get_settings(redis_url=redis_url, concurrency=concurrency, queue=queue)
     env = {
         "SANDFARM_REDIS_URL": settings.redis_url,
-        "SANDFARM_DEFAULT_BACKEND": backend,
+        "SANDFARM_DEFAULT_BACKEND": backend or settings.default_backend,
         "SANDFARM_CONCURRENCY": str(settings.concurrency),
         "SANDFARM_QUEUE": settings.queue,
     }

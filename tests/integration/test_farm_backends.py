@@ -1,0 +1,101 @@
+"""The farm end to end with workers on the bwrap and docker backends, and a docker
+worker killed mid-job: its container is reaped and the job redelivered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from sandbox_core import JobResult, Status
+from tests.conftest import require
+from tests.farmkit import Farm, farm_db, wait_for  # noqa: F401
+from tests.integration.test_farm import mixed_jobs
+from tests.security.conftest import docker_status
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _farm_on(backend: str, farm_db: str, tmp, is_root: bool, **env: str) -> Farm:  # noqa: F811
+    require(is_root, "the farm's sandbox slots need root (per-slot uids)")
+    if backend == "docker":
+        ok, reason = docker_status()
+        require(ok, reason)
+    farm = Farm(farm_db, tmp)
+    extra = {"SANDFARM_DEFAULT_BACKEND": backend, **env}
+    farm.start_worker(f"{backend}-a", 1, wait=False, **extra)
+    farm.start_worker(f"{backend}-b", 1, wait=False, **extra)
+    for worker in farm.workers:
+        worker.wait_ready()
+    return farm
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+def test_mixed_batch_on_backend(backend, farm_db, tmp_path, is_root):  # noqa: F811
+    farm = _farm_on(backend, farm_db, tmp_path, is_root, SANDFARM_DOCKER_WARM_POOL="1")
+    try:
+        jobs = mixed_jobs(f"{backend}-{uuid.uuid4().hex[:6]}")
+        with farm.client() as client:
+            ids = client.submit_many([spec for spec, _, _ in jobs])
+            results: dict[str, JobResult] = {}
+            for result in client.as_completed(ids, timeout=240):
+                assert result.id not in results, f"second result for {result.id}"
+                results[result.id] = result
+        assert set(results) == set(ids), farm.logs()
+        for (_, status, check), job_id in zip(jobs, ids, strict=True):
+            result = results[job_id]
+            assert result.backend == backend
+            assert result.status == status, (job_id, result.model_dump_json()[:1500])
+            assert check(result), (job_id, result.model_dump_json()[:1500])
+        assert {r.worker for r in results.values()} == {w.name for w in farm.workers}
+    finally:
+        farm.stop()
+
+
+def test_docker_worker_killed_mid_job(farm_db, tmp_path, is_root):  # noqa: F811
+    import docker
+
+    farm = _farm_on(
+        "docker",
+        farm_db,
+        tmp_path,
+        is_root,
+        SANDFARM_VISIBILITY_TIMEOUT_S="8",
+        SANDFARM_REAPER_INTERVAL_S="1",
+        SANDFARM_DOCKER_WARM_POOL="0",
+    )
+    engine = docker.from_env()
+    try:
+        job_id = f"dk-{uuid.uuid4().hex[:8]}"
+        with farm.client() as client:
+            client.submit({"id": job_id, "command": "sleep 4; echo finished"})
+            running = wait_for(lambda: farm.running_info(client, job_id), timeout=60)
+            owner = next(w for w in farm.workers if w.name == running["worker"])
+            label = {"label": [f"sandfarm.job={job_id}"]}
+            wait_for(lambda: engine.api.containers(filters=label), timeout=30, what="container")
+            os.killpg(owner.proc.pid, signal.SIGKILL)  # main process and pool children
+            owner.proc.wait()
+            # Gone within a reaper interval or two (the survivor's reaper, 1 s here).
+            wait_for(
+                lambda: (
+                    not any(
+                        c["Labels"].get("sandfarm.worker") == owner.name
+                        for c in engine.api.containers(all=True, filters=label)
+                    )
+                ),
+                timeout=10,
+                what="the dead worker's container to be reaped",
+            )
+            result = client.result(job_id, timeout=120)
+        assert result is not None, farm.logs()
+        assert result.status == Status.SUCCEEDED, result
+        assert result.steps[0].stdout == "finished\n"
+        assert result.attempts == 2
+        assert result.worker != owner.name
+        time.sleep(1)
+        assert engine.api.containers(all=True, filters={"label": [f"sandfarm.job={job_id}"]}) == []
+    finally:
+        farm.stop()
