@@ -14,7 +14,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The sandbox's exec helper (C): lets the worker vfork instead of running Python
+# between fork and exec. Without a compiler the backends fall back to Python.
+$(BIN)/sandfarm-exec: sandbox_core/native/sandfarm-exec.c $(STAMP)
+	cc -O2 -Wall -Wextra -o $@ $< || echo "[setup] no C compiler: Python child setup"
+
+setup: $(STAMP) $(BIN)/sandfarm-exec
 
 # Start what the tests and the demo need (Redis, a Docker engine, bubblewrap), when root.
 services: setup

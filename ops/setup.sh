@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages sandfarm needs on Debian, when missing and when root:
 # python3-venv (for the virtualenv), redis-server, bubblewrap, and the sandbox runtime
-# (the system python3 with pytest, which L1/L2 jobs run).
+# (the system python3 with pytest, which L1/L2 jobs run), a C compiler for the exec
+# helper, tini.
 set -euo pipefail
 log() { echo "[setup] $*" >&2; }
 
@@ -12,6 +13,8 @@ command -v bwrap >/dev/null || want+=(bubblewrap)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || want+=(python3-pytest)
 python3 -c 'import venv, ensurepip' 2>/dev/null || want+=(python3-venv)
 command -v ip >/dev/null || want+=(iproute2)
+command -v cc >/dev/null || want+=(gcc libc6-dev)  # the sandbox's exec helper
+command -v tini >/dev/null || want+=(tini)  # bwrap jobs' pid 1 (reaps, no zombies)
 
 if [ ${#want[@]} -eq 0 ]; then
   log "system packages present"

@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import resource
+import shutil
 import signal
 import socket
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -129,6 +132,27 @@ class ChildSetup:
     gid: int | None = None
     umask: int = 0o022
 
+    def helper_argv(self, helper: str) -> list[str] | None:
+        """The same setup as sandfarm-exec arguments, or None where only Python can do
+        it (an unprivileged user + network namespace)."""
+        if self.private_net and self.netns_fd is None:
+            return None
+        argv = [helper]
+        for path in self.cgroup_procs:
+            argv += ["--cgroup", path]
+        if self.netns_fd is not None:
+            argv += ["--netns-fd", str(self.netns_fd)]
+        for res, soft, hard in self.rlimits:
+            argv += ["--rlimit", f"{res}:{soft}:{hard}"]
+        if self.uid is not None:
+            argv += [
+                "--uid",
+                str(self.uid),
+                "--gid",
+                str(self.gid if self.gid is not None else self.uid),
+            ]
+        return [*argv, "--umask", f"{self.umask:o}", "--"]
+
     def __call__(self) -> None:
         pid = str(os.getpid())
         for path in self.cgroup_procs:
@@ -170,6 +194,19 @@ def reap_zombies_of(uid: int, limit: int = 100_000) -> int:
             os.waitpid(info.si_pid, 0)
         reaped += 1
     return reaped
+
+
+@functools.cache
+def native_helper() -> str | None:
+    """The compiled sandfarm-exec (ops/build_native.sh), or None to use ChildSetup in
+    Python. SANDFARM_EXEC_HELPER overrides the lookup; set it empty to disable."""
+    configured = os.environ.get("SANDFARM_EXEC_HELPER")
+    if configured is not None:
+        return configured or None
+    beside = os.path.join(os.path.dirname(sys.executable), "sandfarm-exec")
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("sandfarm-exec")
 
 
 def sweep_uid(uid: int) -> None:

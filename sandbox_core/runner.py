@@ -46,6 +46,7 @@ def run_captured(
     preexec_fn: Callable[[], None] | None = None,
     stdin_data: bytes | None = None,
     cancel: threading.Event | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ExecOutcome:
     """Start ``argv`` in a new session and supervise it until it and its output are done.
 
@@ -68,6 +69,7 @@ def run_captured(
         preexec_fn=preexec_fn,
         start_new_session=True,
         close_fds=True,
+        pass_fds=tuple(pass_fds),
     )
     pidfd = os.pidfd_open(proc.pid)
     sel = selectors.DefaultSelector()

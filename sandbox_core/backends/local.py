@@ -18,6 +18,7 @@ from sandbox_core.cgroups import JobCgroup
 from sandbox_core.isolation import (
     ChildSetup,
     become_subreaper,
+    native_helper,
     reap_zombies_of,
     rlimits_for,
     sweep_uid,
@@ -92,15 +93,21 @@ class LocalSession(Session):
             argv = ["bash", "--noprofile", "--norc", inside]
         limits = self.spec.limits
         ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
+        setup = self.backend.child_setup(self)
+        argv = self.backend.wrap(self, argv)
+        helper = native_helper()
+        prefix = setup.helper_argv(helper) if helper else None
         try:
             outcome = run_captured(
-                self.backend.wrap(self, argv),
+                [*prefix, *argv] if prefix else argv,
                 env=self.backend.environment(self),
                 cwd=str(self.ws.work),
                 limits=limits,
                 deadline=deadline,
                 kill_tree=self.kill_tree,
-                preexec_fn=self.backend.child_setup(self),
+                # with the helper, subprocess can vfork: no Python between fork and exec
+                preexec_fn=None if prefix else setup,
+                pass_fds=[setup.netns_fd] if prefix and setup.netns_fd is not None else (),
                 stdin_data=step.stdin.encode() if step.stdin else None,
                 cancel=cancel,
             )

@@ -1,0 +1,51 @@
+"""The C exec helper and the Python child setup give a job the same confinement."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_core import get_backend, parse_spec
+from sandbox_core.isolation import native_helper
+from tests.conftest import require
+
+PROBE = """
+echo uid=$(id -u) groups=$(id -G)
+echo as=$(ulimit -v) nproc=$(ulimit -u) fsize=$(ulimit -f) nofile=$(ulimit -n) core=$(ulimit -c)
+echo umask=$(umask)
+echo nnp=$(awk '/^NoNewPrivs/ {print $2}' /proc/self/status)
+echo capeff=$(awk '/^CapEff/ {print $2}' /proc/self/status)
+echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ,)
+echo fds=$(ls /proc/self/fd | sort -n | tr '\\n' ,)
+echo cgroups=$(grep -c sandfarm /proc/self/cgroup)
+"""
+
+
+def _probe(monkeypatch: pytest.MonkeyPatch, helper: str) -> dict[str, str]:
+    monkeypatch.setenv("SANDFARM_EXEC_HELPER", helper)
+    native_helper.cache_clear()
+    backend = get_backend("process")
+    try:
+        result = backend.run(parse_spec({"command": PROBE, "limits": {"memory_mb": 300}}))
+    finally:
+        backend.close()
+        native_helper.cache_clear()
+    assert result.status == "succeeded", result
+    return dict(
+        item.split("=", 1) for line in result.steps[0].stdout.splitlines() for item in line.split()
+    )
+
+
+def test_helper_and_python_setup_agree(monkeypatch, is_root):
+    helper = native_helper()
+    require(helper is not None, "sandfarm-exec is not built (make setup compiles it)")
+    require(is_root, "the confinement under test needs root")
+    with_helper = _probe(monkeypatch, helper)
+    in_python = _probe(monkeypatch, "")
+    assert with_helper == in_python
+    assert with_helper["uid"] != "0" and with_helper["groups"] == with_helper["uid"]
+    assert with_helper["as"] == str(300 * 1024)  # KiB
+    assert with_helper["core"] == "0" and with_helper["nnp"] == "1"
+    assert with_helper["capeff"] == "0000000000000000"
+    assert with_helper["ifaces"] == "lo,"
+    assert with_helper["fds"] == "0,1,2,3,"  # 3 is ls's own: no netns or lock fd leaks
+    assert int(with_helper["cgroups"]) >= 1
