@@ -123,6 +123,7 @@ class JobCgroup:
     name: str
     layout: CgroupLayout
     dirs: list[Path] = field(default_factory=list)
+    _limits: tuple[int, int] | None = None  # what set_limits last wrote
 
     @classmethod
     def create(cls, name: str, memory_bytes: int, pids_max: int) -> JobCgroup:
@@ -141,6 +142,8 @@ class JobCgroup:
 
     def set_limits(self, memory_bytes: int, pids_max: int) -> None:
         """(Re)set the caps; a slot's group is reused job after job with each job's limits."""
+        if self._limits == (memory_bytes, pids_max):
+            return
         layout, name = self.layout, self.name
         if layout.memory is not None:
             mem = layout.memory / name
@@ -157,6 +160,7 @@ class JobCgroup:
                         (mem / file).write_text(str(memory_bytes))
         if layout.pids is not None:
             (layout.pids / name / "pids.max").write_text(str(pids_max))
+        self._limits = (memory_bytes, pids_max)
 
     @property
     def procs_files(self) -> list[str]:

@@ -44,6 +44,7 @@ class LocalSession(Session):
         self.spec = spec
         self.slot = slot
         self.cgroup: JobCgroup | None = None
+        self.clean = True  # no process of this session can be alive
         self.ws = Workspace.create(
             slot.workspace_base(backend.workspace_base),
             spec.limits.workspace_mb,
@@ -85,7 +86,9 @@ class LocalSession(Session):
     ) -> tuple[ExecOutcome, bool]:
         script = self.scripts / f"step-{index}"
         script.write_text(step.code if isinstance(step, PythonStep) else step.command)
-        script.chmod(0o644)
+        if self.slot.gid is not None:  # readable by this job only, not by other slots
+            os.chown(script, 0, self.slot.gid)
+            script.chmod(0o640)
         inside = f"{self.paths.scripts}/step-{index}"
         if isinstance(step, PythonStep):
             argv = [self.backend.python, "-I", "-c", PYTHON_BOOTSTRAP, inside]
@@ -93,6 +96,7 @@ class LocalSession(Session):
             argv = ["bash", "--noprofile", "--norc", inside]
         limits = self.spec.limits
         ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
+        self.clean = False
         setup = self.backend.child_setup(self)
         argv = self.backend.wrap(self, argv)
         helper = native_helper()
@@ -113,14 +117,16 @@ class LocalSession(Session):
             )
         finally:
             self.kill_tree()  # nothing a step started outlives it, daemon or not
+            self.clean = True
             if self.slot.uid is not None:
                 reap_zombies_of(self.slot.uid)
         memory_hit = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
         return outcome, memory_hit
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kill_tree()
+        if not self.clean:
+            with contextlib.suppress(Exception):
+                self.kill_tree()
         self.ws.remove()
 
 
