@@ -41,6 +41,8 @@ test: services lint
 
 bench: services
 	$(BIN)/python ops/bench/sandbox_overhead.py
+	$(BIN)/python ops/bench/docker_latency.py
+	$(BIN)/python ops/bench/farm_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
