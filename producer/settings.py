@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     done_max_len: int = Field(
         1_000_000, ge=1000, description="cap of a client's completion list (oldest dropped)"
     )
+    allow_network: bool = Field(
+        False,
+        description="let jobs ask for `limits.network` (process/bwrap: the host network,"
+        " broker included; docker: a bridge)",
+    )
     allow_weaker: bool = Field(
         False, description="run jobs even where a backend protection is missing (tests only)"
     )

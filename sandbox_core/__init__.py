@@ -6,6 +6,7 @@ from sandbox_core.backends import BACKEND_NAMES, Backend, Protection, get_backen
 from sandbox_core.errors import (
     BackendUnavailableError,
     PathEscapeError,
+    PolicyError,
     ProtectionUnavailableError,
     SandfarmError,
     SlotBusyError,
@@ -38,6 +39,7 @@ __all__ = [
     "JobSpec",
     "Limits",
     "PathEscapeError",
+    "PolicyError",
     "Protection",
     "ProtectionUnavailableError",
     "PythonStep",

@@ -38,6 +38,7 @@ MAX_NAME_BYTES = 255  # one path component
 COLLECT_MAX_FILES = 64
 COLLECT_MAX_FILE_BYTES = 256 * KIB
 COLLECT_MAX_TOTAL_BYTES = 1 * MIB
+COLLECT_MAX_VISITED = 10_000  # directory entries looked at, whatever the workspace holds
 
 # Whole-result bound: steps * 2 streams * output_bytes + collected files must fit.
 MAX_RESULT_BYTES = 32 * MIB

@@ -35,6 +35,15 @@ class ProtectionUnavailableError(SandfarmError, PermissionError):
         super().__init__(f"protection {protection!r} unavailable: {reason}")
 
 
+class PolicyError(SandfarmError, PermissionError):
+    """The job asks for something this farm's policy does not allow (e.g. network)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
 class BackendUnavailableError(SandfarmError, RuntimeError):
     """The backend cannot run at all on this host (missing engine, binary, privilege)."""
 

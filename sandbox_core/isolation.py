@@ -26,6 +26,12 @@ from sandbox_core.models import Limits
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 0x4000, 0x40000
+# Host directories every uid may write: a job gets its own tmpfs over each, so nothing
+# it leaves there outlives it or reaches another slot.
+SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -45,6 +51,27 @@ def loopback_up() -> None:
         ifreq = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, ifreq))[1]
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def private_tmp(size_mb: int) -> None:
+    """Private mount and IPC namespaces with fresh tmpfs over SHARED_WRITABLE_DIRS."""
+    unshare(CLONE_NEWNS | CLONE_NEWIPC)
+    if _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "make / private")
+    opts = f"size={size_mb}m,mode=1777".encode()
+    for path in SHARED_WRITABLE_DIRS:
+        if os.path.isdir(path) and not os.path.islink(path):
+            flags = _MS_NOSUID | _MS_NODEV
+            if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", flags, opts) != 0:
+                raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+
+
+def env_memfd(env: dict[str, str]) -> int:
+    """The environment as a NUL-separated KEY=VALUE block in a memfd (for --env-fd):
+    never on a command line, which other uids can read in /proc."""
+    fd = os.memfd_create("sandfarm-env", 0)  # not CLOEXEC: handed to the helper
+    os.write(fd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+    return fd
 
 
 def join_network_namespace(fd: int) -> None:
@@ -127,17 +154,21 @@ class ChildSetup:
     private_net: bool = False  # needs privilege: before the uid drop
     net_as_root: bool = True
     netns_fd: int | None = None  # join this namespace instead of making one
+    private_tmp_mb: int | None = None  # own /tmp, /var/tmp, /dev/shm (needs privilege)
     rlimits: Sequence[tuple[int, int, int]] = ()
     uid: int | None = None
     gid: int | None = None
     umask: int = 0o022
 
-    def helper_argv(self, helper: str) -> list[str] | None:
+    def helper_argv(self, helper: str, env_fd: int) -> list[str] | None:
         """The same setup as sandfarm-exec arguments, or None where only Python can do
-        it (an unprivileged user + network namespace)."""
+        it (an unprivileged user + network namespace). The helper starts with an empty
+        environment and gets the job's from ``env_fd`` for the final exec only."""
         if self.private_net and self.netns_fd is None:
             return None
-        argv = [helper]
+        argv = [helper, "--env-fd", str(env_fd)]
+        if self.private_tmp_mb is not None:
+            argv += ["--private-tmp", str(self.private_tmp_mb)]
         for path in self.cgroup_procs:
             argv += ["--cgroup", path]
         if self.netns_fd is not None:
@@ -162,6 +193,8 @@ class ChildSetup:
             join_network_namespace(self.netns_fd)
         elif self.private_net:
             private_network(self.net_as_root)
+        if self.private_tmp_mb is not None:
+            private_tmp(self.private_tmp_mb)
         for res, soft, hard in self.rlimits:
             resource.setrlimit(res, (soft, hard))
         if self.uid is not None:
@@ -209,23 +242,36 @@ def native_helper() -> str | None:
     return shutil.which("sandfarm-exec")
 
 
-def sweep_uid(uid: int) -> None:
-    """Kill every process running as ``uid`` (a slot uid): a child takes the uid and
-    signals -1, which reaches exactly the processes that uid may signal."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
+def pids_of_uid(uid: int) -> list[int]:
+    """Live processes whose real uid is ``uid`` (from /proc/PID/status)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
         try:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            for _ in range(1000):  # a fork bomb races us; RLIMIT_NPROC bounds the race
-                try:
-                    os.kill(-1, signal.SIGKILL)
-                except ProcessLookupError:
-                    break
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Uid:"):
+                        if int(line.split()[1]) == uid:
+                            found.append(int(entry.name))
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def sweep_uid(uid: int, rounds: int = 50) -> bool:
+    """Kill every process running as ``uid`` (a slot uid), as root, by pid: nothing the
+    job runs can signal, stop or outwait the sweeper. True when none is left."""
+    for _ in range(rounds):  # a fork bomb races us; RLIMIT_NPROC bounds the race
+        pids = pids_of_uid(uid)
+        if not pids:
+            return True
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        reap_zombies_of(uid)
+    return not pids_of_uid(uid)
 
 
 KillFn = Callable[[], None]

@@ -116,8 +116,8 @@ def acquire(
 def sweep(slot: Slot, workspace_base: Path | None = None) -> None:
     """Remove what a previous holder of this slot left: processes, cgroups, workspaces."""
     if slot.uid is not None:
+        cgroups.remove_stale(slot.cgroup_name)  # the group first: kills even setsid'd trees
         sweep_uid(slot.uid)
-        cgroups.remove_stale(slot.cgroup_name)
     base = slot.workspace_base(workspace_base)
     if base.is_dir():
         for leftover in base.iterdir():

@@ -28,7 +28,8 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def mount_tmpfs(target: str, size_mb: int) -> None:
     # Root-owned and 0711: the job owns only work/ and tmp/ inside, so it can never
     # rename or replace what the worker writes here as root (step scripts).
-    opts = f"size={size_mb}m,mode=0711,uid=0,gid=0".encode()
+    inodes = max(4096, size_mb * 256)  # bounds file count, not only bytes
+    opts = f"size={size_mb}m,nr_inodes={inodes},mode=0711,uid=0,gid=0".encode()
     if _libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount tmpfs on {target}: {os.strerror(err)}")
@@ -107,8 +108,18 @@ class Workspace:
         for directory in reversed(missing):
             directory.mkdir(mode=0o755)
             self._chown(directory)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.lstat(target).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(f"{path} is a directory")
+            if not stat.S_ISREG(mode):  # a FIFO, socket or device the job left: replace it
+                os.unlink(target)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(target, flags, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
+            os.set_blocking(fd, True)
             self._chown(fd)
             with os.fdopen(fd, "wb", closefd=False) as fh:
                 fh.write(content)
@@ -130,13 +141,33 @@ class Workspace:
         finally:
             os.close(fd)
 
-    def _regular_files(self) -> Iterator[str]:
-        for dirpath, dirnames, filenames in os.walk(self.work, followlinks=False):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                if stat.S_ISREG(os.lstat(full).st_mode):  # never a symlink, FIFO or device
-                    yield os.path.relpath(full, self.work)
+    def _regular_files(self, max_entries: int = d.COLLECT_MAX_VISITED) -> Iterator[str]:
+        """Regular files under work/ (never a symlink, FIFO or device), depth first in
+        name order; stops after ``max_entries`` directory entries whatever the tree."""
+        stack = [str(self.work)]
+        seen = 0
+        while stack:
+            directory = stack.pop()
+            try:
+                with os.scandir(directory) as it:
+                    entries = []
+                    for entry in it:
+                        seen += 1
+                        if seen > max_entries:
+                            break
+                        entries.append(entry)
+            except OSError:
+                continue
+            entries.sort(key=lambda e: e.name)
+            subdirs = []
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    yield os.path.relpath(entry.path, self.work)
+            stack.extend(reversed(subdirs))
+            if seen > max_entries:
+                return
 
     def collect(
         self,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +37,13 @@ def redis_url() -> str:
 @pytest.fixture(scope="session")
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+def job_shared_dir(prefix: str) -> Path:
+    """A world-writable directory a test shares with its jobs. Not under /tmp: the process
+    backend gives every job its own /tmp, /var/tmp and /dev/shm."""
+    base = Path("/run/sandfarm-tests")
+    base.mkdir(mode=0o755, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    path.chmod(0o777)
+    return path

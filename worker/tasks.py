@@ -80,7 +80,11 @@ def store(result: JobResult, notify: str | None) -> bool:
 def backend_for(name: str, hostname: str | None) -> Backend:
     backend = _backends.get(name)
     if backend is None:
-        options: dict[str, object] = {"worker": hostname, "allow_weaker": settings.allow_weaker}
+        options: dict[str, object] = {
+            "worker": hostname,
+            "allow_weaker": settings.allow_weaker,
+            "allow_network": settings.allow_network,
+        }
         if name in ("process", "bwrap"):
             options["slot"] = slot_index()
         if name == "docker":

@@ -141,7 +141,10 @@ def run(
         code, command, job, {"timeout_s": timeout_s, "memory_mb": memory_mb, "network": network}
     )
     try:
-        sandbox = get_backend(spec.backend or backend, allow_weaker=allow_weaker)
+        # The operator asked for --network on this command line: allow it for this run.
+        sandbox = get_backend(
+            spec.backend or backend, allow_weaker=allow_weaker, allow_network=bool(network)
+        )
     except (BackendUnavailableError, ImportError) as exc:
         fail(f"backend {backend}: {exc}", code=1)
     print_result(sandbox.run(spec), as_json)

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sandbox_core.errors import ProtectionUnavailableError, SandfarmError
+from sandbox_core.errors import PolicyError, ProtectionUnavailableError, SandfarmError
 from sandbox_core.models import (
     BashStep,
     CollectedFile,
@@ -91,8 +91,13 @@ class Session(ABC):
 class Backend(ABC):
     name: str = "abstract"
 
-    def __init__(self, *, allow_weaker: bool = False, worker: str | None = None) -> None:
+    def __init__(
+        self, *, allow_weaker: bool = False, allow_network: bool = False, worker: str | None = None
+    ) -> None:
         self.allow_weaker = allow_weaker
+        # Off by default: on the host backends `network: true` means the host's network,
+        # loopback services (the broker) included; only an operator turns it on.
+        self.allow_network = allow_network
         self.worker = worker
 
     @abstractmethod
@@ -112,7 +117,12 @@ class Backend(ABC):
         return required
 
     def check(self, spec: JobSpec) -> None:
-        """Refuse a job whose required protection is missing here, unless allowed weaker."""
+        """Refuse a job the policy forbids, or whose required protection is missing here
+        (unless allowed weaker)."""
+        if spec.limits.network and not self.allow_network:
+            raise PolicyError(
+                "limits.network", "network access is not allowed here (SANDFARM_ALLOW_NETWORK)"
+            )
         if self.allow_weaker:
             return
         active = {p.name: p for p in self.protections()}
@@ -147,12 +157,15 @@ class Backend(ABC):
             deadline = clock + spec.limits.timeout_s
             with self.open_session(spec) as session:
                 session.write_files({p: c.encode() for p, c in spec.files.items()})
-                result.steps = self._run_steps(session, spec, deadline, cancel)
-                result.files, result.files_omitted = session.collect(spec.collect)
+                self._run_steps(session, spec, deadline, cancel, result.steps)
+                try:
+                    result.files, result.files_omitted = session.collect(spec.collect)
+                except (SandfarmError, OSError) as exc:  # the steps' results still stand
+                    result.message = f"collecting files failed: {exc}"
             result.status = job_status(result.steps)
-        except ProtectionUnavailableError as exc:
+        except (ProtectionUnavailableError, PolicyError) as exc:
             result.status, result.message = Status.REJECTED, str(exc)
-        except (SandfarmError, OSError) as exc:
+        except Exception as exc:  # the farm failed (never the job): keep what ran
             result.status, result.message = Status.ERROR, f"{type(exc).__name__}: {exc}"
         finished_at = datetime.now(UTC)
         result.timings.finished_at = finished_at
@@ -171,8 +184,9 @@ class Backend(ABC):
         spec: JobSpec,
         deadline: float,
         cancel: threading.Event | None,
-    ) -> list[StepResult]:
-        results: list[StepResult] = []
+        results: list[StepResult],
+    ) -> None:
+        """Run the steps in order, appending each result as it ends."""
         stop_reason: str | None = None
         for index, step in enumerate(spec.steps):
             if stop_reason is None and time.monotonic() >= deadline:
@@ -192,7 +206,6 @@ class Backend(ABC):
                 stop_reason = f"step {index} {result.status.value}"
             elif spec.stop_on_error and result.status != StepStatus.SUCCEEDED:
                 stop_reason = f"stop_on_error after step {index} {result.status.value}"
-        return results
 
     def _run_step(
         self,

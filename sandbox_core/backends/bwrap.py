@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sandbox_core import slots
 from sandbox_core.backends.base import Protection
-from sandbox_core.backends.local import LocalBackend, LocalSession, SandboxPaths
+from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
 from sandbox_core.errors import ProtectionUnavailableError
 from sandbox_core.isolation import ChildSetup
 from sandbox_core.models import ExecStep, JobSpec
@@ -303,11 +303,16 @@ class BwrapBackend(LocalBackend):
     def sandbox_paths(self, session: LocalSession) -> SandboxPaths:
         return SandboxPaths(work=WORK, tmp=TMP, scripts=SCRIPTS)
 
-    def wrap(self, session: LocalSession, argv: list[str]) -> list[str]:
+    def wrap(self, session: LocalSession, argv: list[str], env: dict[str, str]) -> Launch:
         assert isinstance(session, BwrapSession)
         found = probe()
         ws, slot = session.ws, session.slot
-        args = [found.path or "bwrap", *static_args(), *found.options]
+        # The options (the job's environment among them) reach bwrap through --args, a
+        # memfd: never on its command line, which other uids can read in /proc. bwrap
+        # itself runs with a fixed environment, so the job's LD_PRELOAD cannot subvert it.
+        args = [*static_args(), *found.options, "--clearenv"]
+        for name, value in env.items():
+            args += ["--setenv", name, value]
         if session.spec.limits.network:
             args += ["--share-net", *network_etc_args()]
         elif self.joins_slot_network(session):
@@ -336,11 +341,12 @@ class BwrapBackend(LocalBackend):
             "/",
             "--remount-ro",
             "/dev",
-            "--",
-            *found.init,
-            *argv,
         ]
-        return args
+        fd = os.memfd_create("sandfarm-bwrap-args", 0)  # not CLOEXEC: bwrap reads it
+        os.write(fd, b"".join(a.encode() + b"\0" for a in args))
+        os.lseek(fd, 0, os.SEEK_SET)
+        command = [found.path or "bwrap", "--args", str(fd), "--", *found.init, *argv]
+        return Launch(command, {"PATH": "/usr/bin:/bin"}, [fd])
 
     def joins_slot_network(self, session: LocalSession) -> bool:
         """As root, a job without network joins its slot's pinned loopback-only namespace

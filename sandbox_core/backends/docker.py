@@ -104,10 +104,11 @@ class DockerBackend(Backend):
         cpus: float = 1.0,
         warm_pool: int = 0,
         allow_weaker: bool = False,
+        allow_network: bool = False,
         worker: str | None = None,
         **_ignored: object,  # options meant for host backends (slot, python, ...)
     ) -> None:
-        super().__init__(allow_weaker=allow_weaker, worker=worker)
+        super().__init__(allow_weaker=allow_weaker, allow_network=allow_network, worker=worker)
         self.image = image
         self.allowed_images = allowed_images or (image,)
         self.runtime = runtime
@@ -162,6 +163,7 @@ class DockerBackend(Backend):
         ]
 
     def check(self, spec: JobSpec) -> None:
+        super().check(spec)
         image = spec.image or self.image
         if image not in self.allowed_images:
             raise ProtectionUnavailableError(
@@ -354,7 +356,7 @@ class DockerSession(Session):
         self.id = container_id
         self.api = backend.client.api
         self.dead = False
-        self.steps_run = 0
+        self.dirty = False  # a step ran since the last sweep
 
     # --- exec plumbing --------------------------------------------------------------
 
@@ -473,7 +475,7 @@ class DockerSession(Session):
 
     def _helper(self, argv: list[str], stdin: bytes | None = None, budget: int = d.MIB) -> bytes:
         """Run a farm-side helper command as the job user; returns its stdout (bounded)."""
-        limits = Limits(output_bytes=min(budget, d.OUTPUT_BYTES[1]), head_ratio=1.0)
+        limits = Limits(output_bytes=min(max(budget, 64), d.OUTPUT_BYTES[1]), head_ratio=1.0)
         outcome, _ = self._exec(argv, stdin=stdin, limits=limits, deadline=time.monotonic() + 60)
         if outcome.exit_code != 0:
             raise OSError(
@@ -508,77 +510,99 @@ class DockerSession(Session):
             stdin=buffer.getvalue(),
         )
 
-    def _members(self, paths: list[str], budget: int) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
-        """Regular files among ``paths`` as (info, first bytes); symlinks never followed."""
+    def _sweep(self) -> None:
+        """Kill what the last step left running before the farm touches the files."""
+        if self.dirty and not self.dead:
+            self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
+        self.dirty = False
+
+    def _head(self, path: str, count: int) -> bytes:
+        if count <= 0:
+            return b""
+        return self._helper(["head", "-c", str(count), "--", path], budget=count)
+
+    def _whole_files(self, paths: list[str], sizes: dict[str, int]) -> dict[str, bytes]:
+        """Regular files among ``paths``, whole, in one tar stream sized from the listing."""
         if not paths:
-            return
-        data = self._helper(
-            ["tar", "-c", "-C", WORKSPACE, "-f", "-", "--", *paths],
-            budget=budget + 512 * (len(paths) + 4) + 10240,
-        )
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
-            for info in tar:
-                if info.isreg():
-                    handle = tar.extractfile(info)
-                    yield info, handle.read() if handle else b""
+            return {}
+        budget = sum(sizes[p] for p in paths) + 2048 * (len(paths) + 4) + 10240
+        data = self._helper(["tar", "-c", "-f", "-", "--", *paths], budget=budget)
+        found: dict[str, bytes] = {}
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:
+                for info in tar:
+                    handle = tar.extractfile(info) if info.isreg() else None
+                    if handle is not None:
+                        found[info.name.removeprefix("./")] = handle.read()
+        except tarfile.TarError:
+            pass  # keep what was read; the rest is reported omitted
+        return found
 
     def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
-        listing = self._list_files()
-        if os.path.normpath(path) not in listing:
+        self._sweep()
+        path = os.path.normpath(path)
+        size = self._list_files().get(path)
+        if size is None:
             raise FileNotFoundError(f"{path} is not a regular file in the workspace")
-        limit = buffer.head_limit + buffer.tail_limit
-        for info, content in self._members([path], limit + 1):
-            buffer.write(content[: buffer.head_limit])
-            if info.size > buffer.head_limit:  # fetch the tail separately, bounded
-                tail = self._helper(
-                    ["tail", "-c", str(buffer.tail_limit), "--", path], budget=limit
-                )
-                omitted = info.size - buffer.head_limit - len(tail)
-                buffer.total += max(omitted, 0)
-                buffer.write(tail)
-            return
+        head = self._head(path, min(size, buffer.head_limit))
+        buffer.write(head)
+        rest = size - len(head)
+        if rest > 0:  # the tail separately, bounded; what lies between is only counted
+            want = min(rest, buffer.tail_limit)
+            tail = self._helper(["tail", "-c", str(want), "--", path], budget=want)
+            buffer.total += rest - len(tail)
+            buffer.write(tail)
 
     def _list_files(self) -> dict[str, int]:
-        raw = self._helper(
-            ["find", ".", "-type", "f", "-printf", "%P\\t%s\\n"], budget=4 * d.MIB
-        ).decode("utf-8", "replace")
+        """Regular files of the workspace -> size; NUL-separated, so any name survives."""
+        raw = self._helper(["find", ".", "-type", "f", "-printf", "%s\\t%P\\0"], budget=4 * d.MIB)
         files: dict[str, int] = {}
-        for line in raw.splitlines()[:MAX_LISTED_FILES]:
-            name, _, size = line.rpartition("\t")
+        for record in raw.split(b"\0")[:MAX_LISTED_FILES]:
+            size, _, name = record.partition(b"\t")
             if name and size.isdigit():
-                files[name] = int(size)
+                files[name.decode("utf-8", "surrogateescape")] = int(size)
         return files
 
     def collect(self, patterns: list[str]) -> tuple[list[CollectedFile], int]:
         if not patterns or self.dead:
             return [], 0
+        self._sweep()
+        sizes = self._list_files()
         matching = [
             name
-            for name in sorted(self._list_files())
+            for name in sorted(sizes)
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
         ]
-        chosen, omitted = matching[: d.COLLECT_MAX_FILES], len(matching) - d.COLLECT_MAX_FILES
-        collected: list[CollectedFile] = []
+        # Plan from the listed sizes: whole files in one tar, the odd large one by head -c.
         budget = d.COLLECT_MAX_TOTAL_BYTES
-        for info, content in self._members(chosen, d.COLLECT_MAX_TOTAL_BYTES):
-            if budget <= 0:
-                omitted += 1
-                continue
+        whole, partial, omitted = [], [], 0
+        for name in matching:
             limit = min(d.COLLECT_MAX_FILE_BYTES, budget)
-            collected.append(
-                encode_collected(info.name.removeprefix("./"), info.size, content, limit)
-            )
-            budget -= len(collected[-1].content)
-        return collected, max(omitted, 0)
+            if len(whole) + len(partial) >= d.COLLECT_MAX_FILES or limit <= 0:
+                omitted += 1
+            elif sizes[name] <= limit:
+                whole.append(name)
+                budget -= sizes[name]
+            else:
+                partial.append((name, limit))
+                budget -= limit
+        contents = self._whole_files(whole, sizes)
+        for name, limit in partial:
+            contents[name] = self._head(name, limit)
+        collected = [
+            encode_collected(name, sizes[name], contents[name], len(contents[name]) or 1)
+            for name in sorted(contents)
+            if name in sizes
+        ]
+        return collected, omitted + len(whole) + len(partial) - len(collected)
 
     def exec(
         self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
     ) -> tuple[ExecOutcome, bool]:
         if self.dead:
             raise OSError("the container is gone")
-        if self.steps_run:  # nothing a step started outlives it, as on every backend
-            self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
-        self.steps_run += 1
+        self._sweep()  # nothing a step started outlives it, as on every backend
+        self.dirty = True
         source = step.code if isinstance(step, PythonStep) else step.command
         if len(source.encode()) <= INLINE_SOURCE_BYTES:  # saves an exec per step
             argv = (

@@ -8,7 +8,7 @@ import os
 import threading
 from abc import abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox_core import cgroups, slots
@@ -18,6 +18,7 @@ from sandbox_core.cgroups import JobCgroup
 from sandbox_core.isolation import (
     ChildSetup,
     become_subreaper,
+    env_memfd,
     native_helper,
     reap_zombies_of,
     rlimits_for,
@@ -27,6 +28,15 @@ from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome, run_captured
 from sandbox_core.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The program to exec, the environment it gets, and fds it reads (closed after)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    fds: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -98,24 +108,31 @@ class LocalSession(Session):
         ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
         self.clean = False
         setup = self.backend.child_setup(self)
-        argv = self.backend.wrap(self, argv)
+        launch = self.backend.wrap(self, argv, self.backend.environment(self))
         helper = native_helper()
-        prefix = setup.helper_argv(helper) if helper else None
+        env_fd = env_memfd(launch.env) if helper else None
+        prefix = setup.helper_argv(helper, env_fd) if helper and env_fd is not None else None
+        fds = list(launch.fds)
+        if prefix:
+            fds += [env_fd] + ([setup.netns_fd] if setup.netns_fd is not None else [])
         try:
             outcome = run_captured(
-                [*prefix, *argv] if prefix else argv,
-                env=self.backend.environment(self),
+                [*prefix, *launch.argv] if prefix else launch.argv,
+                # the helper runs as root: it gets an empty environment, the job's via env_fd
+                env={} if prefix else launch.env,
                 cwd=str(self.ws.work),
                 limits=limits,
                 deadline=deadline,
                 kill_tree=self.kill_tree,
                 # with the helper, subprocess can vfork: no Python between fork and exec
                 preexec_fn=None if prefix else setup,
-                pass_fds=[setup.netns_fd] if prefix and setup.netns_fd is not None else (),
+                pass_fds=fds,
                 stdin_data=step.stdin.encode() if step.stdin else None,
                 cancel=cancel,
             )
         finally:
+            for fd in {env_fd, *launch.fds} - {None}:
+                os.close(fd)
             self.kill_tree()  # nothing a step started outlives it, daemon or not
             self.clean = True
             if self.slot.uid is not None:
@@ -144,9 +161,10 @@ class LocalBackend(Backend):
         workspace_base: Path | None = None,
         python: str = "python3",
         allow_weaker: bool = False,
+        allow_network: bool = False,
         worker: str | None = None,
     ) -> None:
-        super().__init__(allow_weaker=allow_weaker, worker=worker)
+        super().__init__(allow_weaker=allow_weaker, allow_network=allow_network, worker=worker)
         self.slot_index = slot
         self.workspace_base = workspace_base
         self.python = python
@@ -238,7 +256,8 @@ class LocalBackend(Backend):
     def sandbox_paths(self, session: LocalSession) -> SandboxPaths: ...
 
     @abstractmethod
-    def wrap(self, session: LocalSession, argv: list[str]) -> list[str]: ...
+    def wrap(self, session: LocalSession, argv: list[str], env: dict[str, str]) -> Launch:
+        """What to exec for ``argv`` with the job's ``env`` (a wrapper may take both)."""
 
     @abstractmethod
     def child_setup(self, session: LocalSession) -> ChildSetup: ...

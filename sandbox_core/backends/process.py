@@ -7,7 +7,7 @@ import os
 from functools import cache
 
 from sandbox_core.backends.base import Protection
-from sandbox_core.backends.local import LocalBackend, LocalSession, SandboxPaths
+from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
 from sandbox_core.isolation import ChildSetup, private_network
 
 
@@ -41,11 +41,14 @@ class ProcessBackend(LocalBackend):
         ws = session.ws
         return SandboxPaths(work=str(ws.work), tmp=str(ws.tmp), scripts=str(session.scripts))
 
-    def wrap(self, session: LocalSession, argv: list[str]) -> list[str]:
-        return argv
+    def wrap(self, session: LocalSession, argv: list[str], env: dict[str, str]) -> Launch:
+        return Launch(argv, env)
 
     def child_setup(self, session: LocalSession) -> ChildSetup:
         setup = self.base_child_setup(session, private_net=not session.spec.limits.network)
-        if setup.private_net and self.is_root:
-            setup = dataclasses.replace(setup, netns_fd=session.slot.network_namespace())
+        if self.is_root:
+            # Own /tmp, /var/tmp, /dev/shm and IPC: nothing left there for the next job.
+            setup = dataclasses.replace(setup, private_tmp_mb=session.spec.limits.workspace_mb)
+            if setup.private_net:
+                setup = dataclasses.replace(setup, netns_fd=session.slot.network_namespace())
         return setup

@@ -6,8 +6,12 @@
  * join cgroups, join the network namespace, rlimits, drop to the slot uid, parent-death
  * signal, no_new_privs, umask, exec.
  *
- * usage: sandfarm-exec [--cgroup FILE]... [--netns-fd FD] [--rlimit RES:SOFT:HARD]...
- *                      [--uid UID --gid GID] [--umask OCTAL] -- PROGRAM ARGS...
+ * usage: sandfarm-exec [--cgroup FILE]... [--netns-fd FD] [--private-tmp SIZE_MB]
+ *                      [--rlimit RES:SOFT:HARD]... [--uid UID --gid GID] [--umask OCTAL]
+ *                      [--env-fd FD] -- PROGRAM ARGS...
+ * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
+ * never reach a root process); the job's environment arrives NUL-separated on --env-fd
+ * and is installed only after the privilege drop, for the final exec.
  * Any failure exits 127 with a message on stderr: the step never runs weaker.
  */
 #define _GNU_SOURCE
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -27,6 +32,50 @@
 static void die(const char *what, const char *arg) {
     fprintf(stderr, "sandfarm-exec: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
     _exit(127);
+}
+
+extern char **environ;
+
+/* Read a NUL-separated KEY=VALUE block from fd into a NULL-terminated vector. */
+static char **read_env(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) die("env-fd", NULL);
+    size_t size = (size_t)st.st_size;
+    char *block = malloc(size + 1);
+    if (!block) die("env-fd", "out of memory");
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = pread(fd, block + got, size - got, (off_t)got);
+        if (n <= 0) die("env-fd read", NULL);
+        got += (size_t)n;
+    }
+    block[size] = '\0';
+    close(fd);
+    size_t count = 0;
+    for (size_t i = 0; i < size; i++) count += block[i] == '\0';
+    char **envp = calloc(count + 2, sizeof *envp);
+    if (!envp) die("env-fd", "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < size; i += strlen(block + i) + 1)
+        if (block[i]) envp[n++] = block + i;
+    envp[n] = NULL;
+    return envp;
+}
+
+/* A private mount and IPC namespace with fresh tmpfs over the host's shared writable
+ * directories: nothing a job leaves there survives it or reaches another slot. */
+static void private_tmp(const char *size_mb) {
+    if (unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0) die("unshare", "mount+ipc");
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die("make / private", NULL);
+    static const char *dirs[] = {"/tmp", "/var/tmp", "/dev/shm", "/run/lock", NULL};
+    char opts[64];
+    snprintf(opts, sizeof opts, "size=%sm,mode=1777", size_mb);
+    for (int i = 0; dirs[i]; i++) {
+        struct stat st;
+        if (lstat(dirs[i], &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        if (mount("tmpfs", dirs[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0)
+            die("mount tmpfs on", dirs[i]);
+    }
 }
 
 static unsigned long long number(const char *text, const char *what) {
@@ -42,6 +91,7 @@ int main(int argc, char **argv) {
     snprintf(pid, sizeof pid, "%d", (int)getpid());
     long uid = -1, gid = -1;
     mode_t mask = 022;
+    char **job_env = NULL;
     int i = 1;
     for (; i < argc; i++) {
         const char *opt = argv[i];
@@ -64,6 +114,11 @@ int main(int argc, char **argv) {
             }
             struct rlimit lim = {(rlim_t)soft, (rlim_t)hard};
             if (setrlimit((int)res, &lim) != 0) die("setrlimit", val);
+        } else if (strcmp(opt, "--private-tmp") == 0) {
+            number(val, opt);
+            private_tmp(val);
+        } else if (strcmp(opt, "--env-fd") == 0) {
+            job_env = read_env((int)number(val, opt));
         } else if (strcmp(opt, "--uid") == 0) {
             uid = (long)number(val, opt);
         } else if (strcmp(opt, "--gid") == 0) {
@@ -85,6 +140,8 @@ int main(int argc, char **argv) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) die("pdeathsig", NULL);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die("no_new_privs", NULL);
     umask(mask);
+    static char *empty[] = {NULL};
+    environ = job_env ? job_env : empty; /* only now, as the job's uid */
     execvp(argv[i], argv + i);
     die("exec", argv[i]);
     return 127;

@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 import redis
 
 from sandbox_core import Status
+from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
     Farm,
     alive,
@@ -39,7 +39,7 @@ FAST = {
 
 def shared_dir() -> Path:
     """A directory every slot uid may write to: jobs count their own executions there."""
-    path = Path(tempfile.mkdtemp(prefix="sandfarm-fault-", dir="/tmp"))
+    path = job_shared_dir("sandfarm-fault-")
     path.chmod(0o777)
     return path
 

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import job_shared_dir, require
 
 BIN = Path(sys.executable).parent
 
@@ -75,7 +74,7 @@ def _worker(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 @pytest.fixture
 def marks() -> Iterator[Path]:
     """A directory the sandbox uids can append to (pytest's tmp_path is root-only)."""
-    path = Path(tempfile.mkdtemp(prefix="sandfarm-batch-marks-", dir="/tmp"))
+    path = job_shared_dir("sandfarm-batch-marks-")
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +16,7 @@ import redis
 from producer.client import FarmClient
 from producer.settings import TASK_NAME
 from sandbox_core import JobResult, Status
+from tests.conftest import job_shared_dir
 from tests.farmkit import SANDFARM, Farm, farm_db, private_db, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
@@ -152,7 +152,7 @@ def test_mixed_batch_exactly_one_correct_result_per_job(farm: Farm) -> None:
 
 def test_same_id_twice_runs_once(farm: Farm) -> None:
     # A file the sandbox (a slot uid) may append to: each execution adds one line.
-    shared = Path(tempfile.mkdtemp(prefix="sandfarm-once-", dir="/tmp"))
+    shared = job_shared_dir("sandfarm-once-")
     shared.chmod(0o777)
     counter = shared / "runs"
     counter.touch()

@@ -232,8 +232,13 @@ def test_network_flag_shares_the_host_network(backend):
         reachable = False
     require(reachable, "no Redis on 127.0.0.1:6379")
     code = "import socket\nsocket.create_connection(('127.0.0.1', 6379), timeout=2)\nprint('ok')\n"
-    result = run(backend, code=code, limits={"network": True})
+    allowed = get_backend("bwrap", allow_network=True)  # the operator's opt-in
+    try:
+        result = run(allowed, code=code, limits={"network": True})
+    finally:
+        allowed.close()
     assert result.steps[0].stdout == "ok\n", result
+    assert run(backend, code=code, limits={"network": True}).status == Status.REJECTED
 
 
 def test_signal_deaths_are_reported_as_signals(backend):

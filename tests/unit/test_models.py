@@ -29,6 +29,7 @@ def test_public_api_is_pinned():
             "JobSpec",
             "Limits",
             "PathEscapeError",
+            "PolicyError",
             "Protection",
             "ProtectionUnavailableError",
             "PythonStep",
