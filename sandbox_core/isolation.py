@@ -242,9 +242,10 @@ def native_helper() -> str | None:
     return shutil.which("sandfarm-exec")
 
 
-def pids_of_uid(uid: int) -> list[int]:
-    """Live processes whose real uid is ``uid`` (from /proc/PID/status)."""
-    found = []
+def process_uids() -> dict[int, int]:
+    """pid -> real uid of every live process (from /proc/PID/status: the owner of
+    /proc/PID itself is root while a process is not dumpable)."""
+    found: dict[int, int] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -252,12 +253,16 @@ def pids_of_uid(uid: int) -> list[int]:
             with open(f"/proc/{entry.name}/status", "rb") as fh:
                 for line in fh:
                     if line.startswith(b"Uid:"):
-                        if int(line.split()[1]) == uid:
-                            found.append(int(entry.name))
+                        found[int(entry.name)] = int(line.split()[1])
                         break
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Live processes whose real uid is ``uid``."""
+    return [pid for pid, owner in process_uids().items() if owner == uid]
 
 
 def sweep_uid(uid: int, rounds: int = 50) -> bool:

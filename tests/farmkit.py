@@ -92,21 +92,6 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def pids_of_uid(uid: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry.name}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("Uid:") and int(line.split()[1]) == uid:
-                found.append(int(entry.name))
-    return found
-
-
 def wait_for(predicate, timeout: float, every: float = 0.05, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:

@@ -28,6 +28,7 @@ from pathlib import Path
 from sandbox_core import defaults as d
 from sandbox_core import slots
 from sandbox_core.errors import SlotBusyError
+from sandbox_core.isolation import process_uids
 from worker.slots import slot_uid
 
 
@@ -37,19 +38,12 @@ def slot_of_uid(uid: int) -> int | None:
 
 
 def processes_by_slot() -> dict[int, list[int]]:
-    """slot index -> pids running as that slot's uid (real uid, from /proc)."""
+    """slot index -> pids running as that slot's uid."""
     found: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:  # the real uid from status: /proc/PID's owner is root while not dumpable
-            with open(f"/proc/{entry.name}/status", "rb") as fh:
-                uid = next(int(line.split()[1]) for line in fh if line.startswith(b"Uid:"))
-        except (OSError, StopIteration, ValueError, IndexError):
-            continue
+    for pid, uid in process_uids().items():
         index = slot_of_uid(uid)
         if index is not None:
-            found.setdefault(index, []).append(int(entry.name))
+            found.setdefault(index, []).append(pid)
     return found
 
 

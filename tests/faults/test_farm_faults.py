@@ -19,13 +19,13 @@ import pytest
 import redis
 
 from sandbox_core import Status
+from sandbox_core.isolation import pids_of_uid
 from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
     Farm,
     alive,
     farm_db,
     make_farm,
-    pids_of_uid,
     wait_for,
 )
 
