@@ -17,7 +17,7 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sandbox_core.defaults import MIB
@@ -277,6 +277,3 @@ def sweep_uid(uid: int, rounds: int = 50) -> bool:
                 os.kill(pid, signal.SIGKILL)
         reap_zombies_of(uid)
     return not pids_of_uid(uid)
-
-
-KillFn = Callable[[], None]

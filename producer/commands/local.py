@@ -114,7 +114,7 @@ def doctor(as_json: bool) -> None:
             continue
         for item in items:
             mark = "yes" if item["active"] else "NO "
-            click.echo(f"  [{mark}] {item['name']:<18} {item['detail']}")
+            click.echo(f"  [{mark}] {item['name']:<22} {item['detail']}")
 
 
 @click.command()

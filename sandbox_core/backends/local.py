@@ -236,6 +236,13 @@ class LocalBackend(Backend):
             cg("memory_cgroup", bool(layout and layout.memory), "per-job memory cap"),
             cg("pids_cgroup", bool(layout and layout.pids), "per-job process cap"),
             Protection(
+                "exec_helper",
+                native_helper() is not None,
+                f"{native_helper()}: vfork + exec, no Python between"
+                if native_helper()
+                else "sandfarm-exec not built (make setup): Python child setup, slower",
+            ),
+            Protection(
                 "workspace_quota",
                 self.is_root,
                 "tmpfs of workspace_mb per job" if self.is_root else why_not_root,

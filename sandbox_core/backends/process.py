@@ -30,12 +30,19 @@ class ProcessBackend(LocalBackend):
 
     def protections(self) -> list[Protection]:
         if self.is_root:
-            net = Protection("network_isolation", True, "fresh network namespace, loopback only")
+            net = Protection("network_isolation", True, "the slot's own namespace, loopback only")
         elif user_namespaces_work():
             net = Protection("network_isolation", True, "user + network namespace, loopback only")
         else:
             net = Protection("network_isolation", False, "not root and no user namespaces")
-        return [*self.common_protections(), self.tree_kill_protection(), net]
+        private_tmp = Protection(
+            "private_tmp",
+            self.is_root,
+            "own mount + IPC namespace, tmpfs over /tmp, /var/tmp, /dev/shm, /run/lock"
+            if self.is_root
+            else "not root: the host's /tmp and /dev/shm are shared",
+        )
+        return [*self.common_protections(), self.tree_kill_protection(), net, private_tmp]
 
     def sandbox_paths(self, session: LocalSession) -> SandboxPaths:
         ws = session.ws
