@@ -123,7 +123,7 @@ def parse_line(
     """One JSONL line to a JobSpec with an id, or the LineError saying why not."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         reason = getattr(exc, "msg", str(exc))
         column = getattr(exc, "colno", None)
         where = f" (column {column})" if column else ""

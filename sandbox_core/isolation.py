@@ -17,9 +17,10 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from sandbox_core import seccomp
 from sandbox_core.defaults import MIB
 from sandbox_core.models import Limits
 
@@ -28,10 +29,11 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
-_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 0x4000, 0x40000
-# Host directories every uid may write: a job gets its own tmpfs over each, so nothing
-# it leaves there outlives it or reaches another slot.
-SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+# Host directories every uid may write, and /run (unix sockets of local services): a
+# job gets its own tmpfs over each, so nothing it leaves there outlives it or reaches
+# another slot, and no host socket is in reach.
+SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -54,23 +56,45 @@ def loopback_up() -> None:
 
 
 def private_tmp(size_mb: int) -> None:
-    """Private mount and IPC namespaces with fresh tmpfs over SHARED_WRITABLE_DIRS."""
+    """Private mount and IPC namespaces: tmpfs over SHARED_WRITABLE_DIRS and /run (its
+    unix sockets), a fresh mqueue, a /proc showing only the job's processes. Keep in step
+    with private_tmp() in native/sandfarm-exec.c."""
     unshare(CLONE_NEWNS | CLONE_NEWIPC)
-    if _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "make / private")
-    opts = f"size={size_mb}m,mode=1777".encode()
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    opts = f"size={size_mb}m,mode=1777"
     for path in SHARED_WRITABLE_DIRS:
-        if os.path.isdir(path) and not os.path.islink(path):
-            flags = _MS_NOSUID | _MS_NODEV
-            if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", flags, opts) != 0:
-                raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+        real = os.path.realpath(path)
+        if os.path.isdir(real):
+            _mount("tmpfs", real, "tmpfs", _MS_NOSUID | _MS_NODEV, opts)
+    os.makedirs("/run/lock", exist_ok=True)
+    os.chmod("/run/lock", 0o1777)
+    if os.path.isdir("/dev/mqueue"):
+        _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=invisible")
+
+
+def _mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    def raw(text: str | None) -> bytes | None:
+        return text.encode() if text is not None else None
+
+    if _libc.mount(raw(source), raw(target), raw(fstype), flags, raw(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or source} on {target}: {os.strerror(err)}")
 
 
 def env_memfd(env: dict[str, str]) -> int:
     """The environment as a NUL-separated KEY=VALUE block in a memfd (for --env-fd):
     never on a command line, which other uids can read in /proc."""
-    fd = os.memfd_create("sandfarm-env", 0)  # not CLOEXEC: handed to the helper
-    os.write(fd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+    return bytes_memfd(
+        "sandfarm-env", b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    )
+
+
+def bytes_memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)  # not CLOEXEC: handed to the helper, which closes it
+    os.write(fd, data)
     return fd
 
 
@@ -154,19 +178,26 @@ class ChildSetup:
     private_net: bool = False  # needs privilege: before the uid drop
     net_as_root: bool = True
     netns_fd: int | None = None  # join this namespace instead of making one
-    private_tmp_mb: int | None = None  # own /tmp, /var/tmp, /dev/shm (needs privilege)
+    private_tmp_mb: int | None = None  # own /tmp, /var/tmp, /dev/shm, /run, /proc view
+    seccomp: bytes | None = None  # loaded last, just before exec
     rlimits: Sequence[tuple[int, int, int]] = ()
     uid: int | None = None
     gid: int | None = None
     umask: int = 0o022
 
-    def helper_argv(self, helper: str, env_fd: int) -> list[str] | None:
+    def helper_argv(
+        self, helper: str, env_fd: int, seccomp_fd: int | None = None
+    ) -> list[str] | None:
         """The same setup as sandfarm-exec arguments, or None where only Python can do
         it (an unprivileged user + network namespace). The helper starts with an empty
         environment and gets the job's from ``env_fd`` for the final exec only."""
         if self.private_net and self.netns_fd is None:
             return None
         argv = [helper, "--env-fd", str(env_fd)]
+        if self.seccomp is not None:
+            if seccomp_fd is None:
+                return None
+            argv += ["--seccomp-fd", str(seccomp_fd)]
         if self.private_tmp_mb is not None:
             argv += ["--private-tmp", str(self.private_tmp_mb)]
         for path in self.cgroup_procs:
@@ -205,6 +236,8 @@ class ChildSetup:
         die_with_parent()  # after the uid change, which would clear it
         no_new_privileges()
         os.umask(self.umask)
+        if self.seccomp is not None:
+            seccomp.load(self.seccomp)
 
 
 def become_subreaper() -> None:
@@ -243,17 +276,20 @@ def native_helper() -> str | None:
 
 
 def process_uids() -> dict[int, int]:
-    """pid -> real uid of every live process (from /proc/PID/status: the owner of
-    /proc/PID itself is root while a process is not dumpable)."""
+    """pid -> real uid of every live process."""
+    return process_uids_of(int(e.name) for e in os.scandir("/proc") if e.name.isdigit())
+
+
+def process_uids_of(pids: Iterable[int]) -> dict[int, int]:
+    """pid -> real uid, from /proc/PID/status (the owner of /proc/PID itself is root while
+    a process is not dumpable); pids that are gone are left out."""
     found: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for pid in pids:
         try:
-            with open(f"/proc/{entry.name}/status", "rb") as fh:
+            with open(f"/proc/{pid}/status", "rb") as fh:
                 for line in fh:
                     if line.startswith(b"Uid:"):
-                        found[int(entry.name)] = int(line.split()[1])
+                        found[pid] = int(line.split()[1])
                         break
         except (OSError, ValueError, IndexError):
             continue

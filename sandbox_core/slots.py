@@ -31,7 +31,12 @@ def state_dir() -> Path:
 
 
 def default_workspace_base() -> Path:
-    return Path(os.environ.get("SANDFARM_WORKSPACE_DIR") or (state_dir() / "work"))
+    """Not under /run: the process backend hides /run (local services' sockets) from jobs."""
+    if os.environ.get("SANDFARM_WORKSPACE_DIR"):
+        return Path(os.environ["SANDFARM_WORKSPACE_DIR"])
+    if os.geteuid() == 0:
+        return Path("/var/lib/sandfarm/work")
+    return state_dir() / "work"
 
 
 @dataclass

@@ -208,7 +208,9 @@ class Workspace:
 
 
 def encode_collected(path: str, size: int, data: bytes, limit: int) -> CollectedFile:
-    """A collected file: text when it is UTF-8, else base64; at most ``limit`` bytes."""
+    """A collected file: text when it is UTF-8, else base64; at most ``limit`` bytes.
+    A name that is not UTF-8 (any bytes are legal on Linux) gets U+FFFD where it breaks."""
+    path = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     data = data[:limit]
     truncated = size > len(data)
     try:

@@ -42,8 +42,8 @@ def is_root() -> bool:
 def job_shared_dir(prefix: str) -> Path:
     """A world-writable directory a test shares with its jobs. Not under /tmp: the process
     backend gives every job its own /tmp, /var/tmp and /dev/shm."""
-    base = Path("/run/sandfarm-tests")
-    base.mkdir(mode=0o755, exist_ok=True)
+    base = Path("/var/lib/sandfarm-tests")
+    base.mkdir(mode=0o755, parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     path.chmod(0o777)
     return path

@@ -11,6 +11,9 @@ import click
 from sandbox_core import BACKEND_NAMES, JobResult, JobSpec, SpecError, get_backend, parse_spec
 from sandbox_core.errors import BackendUnavailableError
 
+# A job's sources and seeded files are bounded (sandbox_core.defaults); so is its file.
+MAX_JOB_FILE_BYTES = 16 * 1024 * 1024
+
 
 def fail(message: str, code: int = 2) -> None:
     """One line on stderr, then exit: bad input is 2, a farm failure 1."""
@@ -33,10 +36,16 @@ def spec_from_options(
         fail("give exactly one of --code, --command or --job")
     if job:
         try:
-            text = sys.stdin.read() if job == "-" else Path(job).read_text()
+            if job == "-":
+                text = sys.stdin.read(MAX_JOB_FILE_BYTES + 1)
+            else:
+                with Path(job).open(encoding="utf-8") as fh:
+                    text = fh.read(MAX_JOB_FILE_BYTES + 1)
+            if len(text) > MAX_JOB_FILE_BYTES:
+                fail(f"--job {job}: larger than {MAX_JOB_FILE_BYTES} bytes")
             data = json.loads(text)
-        except (OSError, ValueError) as exc:
-            fail(f"--job {job}: {exc}")
+        except (OSError, ValueError, RecursionError) as exc:
+            fail(f"--job {job}: {type(exc).__name__}: {str(exc)[:200]}")
         if not isinstance(data, dict):
             fail(f"--job {job}: a job is a JSON object")
     else:

@@ -200,7 +200,14 @@ class Backend(ABC):
                     StepResult(kind=step.kind, status=StepStatus.SKIPPED, message=stop_reason)
                 )
                 continue
-            result = self._run_step(session, step, index, spec.limits, deadline, cancel)
+            try:
+                result = self._run_step(session, step, index, spec.limits, deadline, cancel)
+            except Exception as exc:  # the farm failed in this step: say where, keep the rest
+                message = f"farm failure: {type(exc).__name__}: {exc}"
+                results.append(
+                    StepResult(kind=step.kind, status=StepStatus.SKIPPED, message=message)
+                )
+                raise
             results.append(result)
             if result.status in (StepStatus.TIMED_OUT, StepStatus.CANCELLED):
                 stop_reason = f"step {index} {result.status.value}"
@@ -286,7 +293,10 @@ def classify(
         if any(marker in tail for marker in _MEMORY_ERROR_MARKERS):
             return StepStatus.MEMORY_EXCEEDED, f"allocation failed under {limits.memory_mb} MB"
         return StepStatus.FAILED, None
-    name = signal.Signals(outcome.signal).name if outcome.signal else "?"
+    try:
+        name = signal.Signals(outcome.signal).name
+    except ValueError:  # real-time and unnamed signals
+        name = f"signal {outcome.signal}"
     if outcome.signal == signal.SIGXFSZ:
         return StepStatus.CRASHED, f"killed by {name}: file size limit of {limits.file_size_mb} MB"
     return StepStatus.CRASHED, f"killed by {name}"

@@ -36,13 +36,15 @@ from sandbox_core.backends.base import (
     Session,
 )
 from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
+from sandbox_core.isolation import process_uids_of
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, Limits, PythonStep
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome
 from sandbox_core.workspace import encode_collected
 
 DEFAULT_IMAGE = "sandfarm/sandbox:latest"
-JOB_USER = "1000:1000"
+JOB_UID = 1000
+JOB_USER = f"{JOB_UID}:{JOB_UID}"
 KEEPER_USER = "1001:1001"
 WORKSPACE = "/workspace"
 SCRIPTS = "/tmp/.sandfarm"
@@ -411,7 +413,7 @@ class DockerSession(Session):
         if code is None:
             out.signal = 9
             return out, exec_id
-        if code is not None and 128 < code < 160:  # the engine reports signals as 128 + n
+        if code is not None and 128 < code <= 128 + 64:  # the engine reports signals as 128+n
             out.signal = code - 128
         else:
             out.exit_code = code
@@ -511,10 +513,36 @@ class DockerSession(Session):
         )
 
     def _sweep(self) -> None:
-        """Kill what the last step left running before the farm touches the files."""
+        """Kill what the last step left running before the farm touches the files.
+
+        From the host, as root, by pid (the container's cgroup, the job's uid): inside the
+        container a leftover of the same uid could kill the sweeper itself."""
         if self.dirty and not self.dead:
-            self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
+            procs = self._cgroup_procs()
+            if procs is None:  # unknown cgroup layout: sweep from inside, as the job's uid
+                self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
+            else:
+                for _ in range(50):  # a fork bomb races us; the pids cap bounds the race
+                    victims = [p for p in procs if process_uids_of([p]).get(p) == JOB_UID]
+                    if not victims:
+                        break
+                    for pid in victims:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, 9)
+                    procs = self._cgroup_procs() or []
         self.dirty = False
+
+    def _cgroup_procs(self) -> list[int] | None:
+        """Host pids in the container's cgroup, or None where its cgroup is not found."""
+        for path in (
+            f"/sys/fs/cgroup/pids/docker/{self.id}/cgroup.procs",
+            f"/sys/fs/cgroup/pids/system.slice/docker-{self.id}.scope/cgroup.procs",
+            f"/sys/fs/cgroup/system.slice/docker-{self.id}.scope/cgroup.procs",
+            f"/sys/fs/cgroup/docker/{self.id}/cgroup.procs",
+        ):
+            with contextlib.suppress(OSError):
+                return [int(pid) for pid in Path(path).read_text().split()]
+        return None
 
     def _head(self, path: str, count: int) -> bytes:
         if count <= 0:
@@ -526,7 +554,13 @@ class DockerSession(Session):
         if not paths:
             return {}
         budget = sum(sizes[p] for p in paths) + 2048 * (len(paths) + 4) + 10240
-        data = self._helper(["tar", "-c", "-f", "-", "--", *paths], budget=budget)
+        # Names go NUL-separated on stdin, verbatim: never parsed as options or escapes.
+        names = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+        data = self._helper(
+            ["tar", "-c", "-f", "-", "--null", "--verbatim-files-from", "-T", "-"],
+            stdin=names,
+            budget=budget,
+        )
         found: dict[str, bytes] = {}
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r|") as tar:

@@ -18,6 +18,7 @@ from sandbox_core.cgroups import JobCgroup
 from sandbox_core.isolation import (
     ChildSetup,
     become_subreaper,
+    bytes_memfd,
     env_memfd,
     native_helper,
     reap_zombies_of,
@@ -111,10 +112,16 @@ class LocalSession(Session):
         launch = self.backend.wrap(self, argv, self.backend.environment(self))
         helper = native_helper()
         env_fd = env_memfd(launch.env) if helper else None
-        prefix = setup.helper_argv(helper, env_fd) if helper and env_fd is not None else None
+        seccomp_fd = (
+            bytes_memfd("sandfarm-seccomp", setup.seccomp) if helper and setup.seccomp else None
+        )
+        prefix = (
+            setup.helper_argv(helper, env_fd, seccomp_fd) if helper and env_fd is not None else None
+        )
+        owned = [fd for fd in (env_fd, seccomp_fd) if fd is not None]
         fds = list(launch.fds)
         if prefix:
-            fds += [env_fd] + ([setup.netns_fd] if setup.netns_fd is not None else [])
+            fds += owned + ([setup.netns_fd] if setup.netns_fd is not None else [])
         try:
             outcome = run_captured(
                 [*prefix, *launch.argv] if prefix else launch.argv,
@@ -131,7 +138,7 @@ class LocalSession(Session):
                 cancel=cancel,
             )
         finally:
-            for fd in {env_fd, *launch.fds} - {None}:
+            for fd in (*owned, *launch.fds):
                 os.close(fd)
             self.kill_tree()  # nothing a step started outlives it, daemon or not
             self.clean = True
@@ -200,6 +207,12 @@ class LocalBackend(Backend):
         with self._slots_lock:
             while self._idle_slots:
                 self._idle_slots.pop().release()
+
+    def required_protections(self, spec: JobSpec) -> list[str]:
+        required = super().required_protections(spec)
+        if self.is_root:  # the job's tmpfs mounts are bounded only by its memory cgroup
+            required.append("memory_cgroup")
+        return required
 
     def environment(self, session: LocalSession) -> dict[str, str]:
         """A clean environment: the allowlist, the sandbox's own paths, then the job's env."""

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 from functools import cache
 
 from sandbox_core.backends.base import Protection
 from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
 from sandbox_core.isolation import ChildSetup, private_network
+from sandbox_core.models import JobSpec
+from sandbox_core.seccomp import job_filter
 
 
 @cache
@@ -42,7 +45,18 @@ class ProcessBackend(LocalBackend):
             if self.is_root
             else "not root: the host's /tmp and /dev/shm are shared",
         )
-        return [*self.common_protections(), self.tree_kill_protection(), net, private_tmp]
+        userns = Protection(
+            "nested_userns_blocked",
+            job_filter() is not None,
+            "seccomp: no new user namespaces, no kernel keyrings"
+            if job_filter() is not None
+            else f"no seccomp filter for {platform.machine()}",
+        )
+        protections = [*self.common_protections(), self.tree_kill_protection(), net]
+        return [*protections, private_tmp, userns]
+
+    def required_protections(self, spec: JobSpec) -> list[str]:
+        return [*super().required_protections(spec), "nested_userns_blocked"]
 
     def sandbox_paths(self, session: LocalSession) -> SandboxPaths:
         ws = session.ws
@@ -53,6 +67,7 @@ class ProcessBackend(LocalBackend):
 
     def child_setup(self, session: LocalSession) -> ChildSetup:
         setup = self.base_child_setup(session, private_net=not session.spec.limits.network)
+        setup = dataclasses.replace(setup, seccomp=job_filter())
         if self.is_root:
             # Own /tmp, /var/tmp, /dev/shm and IPC: nothing left there for the next job.
             setup = dataclasses.replace(setup, private_tmp_mb=session.spec.limits.workspace_mb)

@@ -8,7 +8,9 @@
  *
  * usage: sandfarm-exec [--cgroup FILE]... [--netns-fd FD] [--private-tmp SIZE_MB]
  *                      [--rlimit RES:SOFT:HARD]... [--uid UID --gid GID] [--umask OCTAL]
- *                      [--env-fd FD] -- PROGRAM ARGS...
+ *                      [--env-fd FD] [--seccomp-fd FD] -- PROGRAM ARGS...
+ * --seccomp-fd: a classic BPF program (struct sock_filter[]), built by
+ * sandbox_core.seccomp, loaded last, just before exec.
  * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
  * never reach a root process); the job's environment arrives NUL-separated on --env-fd
  * and is installed only after the privilege drop, for the final exec.
@@ -23,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -62,20 +66,42 @@ static char **read_env(int fd) {
     return envp;
 }
 
-/* A private mount and IPC namespace with fresh tmpfs over the host's shared writable
- * directories: nothing a job leaves there survives it or reaches another slot. */
+/* A private mount and IPC namespace: fresh tmpfs over the host's shared writable
+ * directories and /run (its unix sockets: databases, brokers), a fresh mqueue, and a
+ * /proc that shows only the job's own processes. Nothing a job leaves there survives
+ * it or reaches another slot; nothing another slot runs is visible to it.
+ * Keep in step with sandbox_core.isolation.private_tmp (the Python fallback). */
 static void private_tmp(const char *size_mb) {
     if (unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0) die("unshare", "mount+ipc");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die("make / private", NULL);
-    static const char *dirs[] = {"/tmp", "/var/tmp", "/dev/shm", "/run/lock", NULL};
-    char opts[64];
+    static const char *dirs[] = {"/tmp", "/var/tmp", "/dev/shm", "/run", NULL};
+    char opts[64], real[4096];
     snprintf(opts, sizeof opts, "size=%sm,mode=1777", size_mb);
     for (int i = 0; dirs[i]; i++) {
         struct stat st;
-        if (lstat(dirs[i], &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-        if (mount("tmpfs", dirs[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0)
-            die("mount tmpfs on", dirs[i]);
+        if (!realpath(dirs[i], real) || stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        if (mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0)
+            die("mount tmpfs on", real);
     }
+    if (mkdir("/run/lock", 01777) != 0 && errno != EEXIST) die("mkdir", "/run/lock");
+    chmod("/run/lock", 01777);
+    struct stat st;
+    if (stat("/dev/mqueue", &st) == 0 && S_ISDIR(st.st_mode) &&
+        mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+        die("mount mqueue on", "/dev/mqueue");
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") != 0)
+        die("mount proc", "hidepid=invisible");
+}
+
+static void load_seccomp(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter))
+        die("seccomp-fd", "bad program");
+    struct sock_filter *prog = malloc((size_t)st.st_size);
+    if (!prog || pread(fd, prog, (size_t)st.st_size, 0) != st.st_size) die("seccomp-fd", NULL);
+    close(fd);
+    struct sock_fprog fprog = {(unsigned short)(st.st_size / sizeof *prog), prog};
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog, 0, 0) != 0) die("seccomp", NULL);
 }
 
 static unsigned long long number(const char *text, const char *what) {
@@ -92,6 +118,7 @@ int main(int argc, char **argv) {
     long uid = -1, gid = -1;
     mode_t mask = 022;
     char **job_env = NULL;
+    int seccomp_fd = -1;
     int i = 1;
     for (; i < argc; i++) {
         const char *opt = argv[i];
@@ -117,6 +144,8 @@ int main(int argc, char **argv) {
         } else if (strcmp(opt, "--private-tmp") == 0) {
             number(val, opt);
             private_tmp(val);
+        } else if (strcmp(opt, "--seccomp-fd") == 0) {
+            seccomp_fd = (int)number(val, opt);
         } else if (strcmp(opt, "--env-fd") == 0) {
             job_env = read_env((int)number(val, opt));
         } else if (strcmp(opt, "--uid") == 0) {
@@ -140,6 +169,7 @@ int main(int argc, char **argv) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) die("pdeathsig", NULL);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die("no_new_privs", NULL);
     umask(mask);
+    if (seccomp_fd >= 0) load_seccomp(seccomp_fd); /* last: after no_new_privs */
     static char *empty[] = {NULL};
     environ = job_env ? job_env : empty; /* only now, as the job's uid */
     execvp(argv[i], argv + i);

@@ -162,3 +162,138 @@ def test_sweep_cannot_be_stopped_by_a_leftover(is_root):
         if stopper.poll() is None:
             os.kill(stopper.pid, signal.SIGKILL)
         stopper.wait()
+
+
+# --- second review ---------------------------------------------------------------------
+
+
+KEYS = (
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "x86 = os.uname().machine == 'x86_64'\n"
+    "add_key, keyctl = (248, 250) if x86 else (217, 219)\n"
+)
+
+
+def test_no_new_user_namespaces(run):
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('unshare', libc.unshare(0x10000000))\n"  # CLONE_NEWUSER
+    )
+    assert "unshare -1" in run(code=code).steps[0].stdout
+    shell = run(command="unshare -Urm true && echo ESCAPED; true")
+    assert "ESCAPED" not in shell.steps[0].stdout
+
+
+def test_kernel_keyrings_do_not_outlive_the_job(run):
+    """Blocked outright (process: seccomp; docker: its profile) or private to the job's
+    own user namespace (bwrap): the next job of the slot never finds the key."""
+    plant = KEYS + (
+        "print('add_key', libc.syscall(add_key, b'user', b'sandfarm-k', b'tenant-secret', 13,"
+        " ctypes.c_int(-4)))\n"  # KEY_SPEC_USER_KEYRING
+    )
+    run(code=plant)
+    search = KEYS + (
+        "print('found', libc.syscall(keyctl, 10, ctypes.c_int(-4), b'user', b'sandfarm-k', 0))\n"
+    )  # KEYCTL_SEARCH
+    assert run(code=search).steps[0].stdout == "found -1\n"
+
+
+def test_host_unix_sockets_under_run_are_out_of_reach(run):
+    import socket
+
+    path = Path(f"/run/sandfarm-test-{uuid.uuid4().hex[:8]}.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    path.chmod(0o777)
+    server.listen()
+    server.settimeout(0.5)
+    try:
+        code = (
+            "import socket\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            f"    s.connect({str(path)!r}); print('CONNECTED')\n"
+            "except OSError as exc:\n"
+            "    print('refused', exc.errno)\n"
+        )
+        result = run(code=code)
+        assert "CONNECTED" not in result.steps[0].stdout, result
+        try:
+            server.accept()
+            accepted = True
+        except TimeoutError:
+            accepted = False
+        assert not accepted
+    finally:
+        server.close()
+        path.unlink()
+
+
+def test_other_jobs_command_lines_are_invisible(run):
+    import threading
+
+    marker = f"sandfarm-secret-arg-{uuid.uuid4().hex[:8]}"
+    holder: dict = {}
+    thread = threading.Thread(
+        target=lambda: holder.setdefault("r", run(command=f"exec -a {marker} sleep 3"))
+    )
+    thread.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if any(marker.encode() in p.read_bytes() for p in _cmdlines()):
+            break
+        time.sleep(0.05)
+    spy = run(command="cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '; echo")
+    thread.join(30)
+    assert marker not in spy.steps[0].stdout
+
+
+def _cmdlines():
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            path = entry / "cmdline"
+            try:
+                path.read_bytes()
+            except OSError:
+                continue
+            yield path
+
+
+def test_odd_names_and_signals_never_turn_a_result_into_error(run):
+    import json
+
+    result = run(
+        steps=[
+            {
+                "kind": "bash",
+                "command": "printf hi > $(printf 'bad\\377name.txt'); printf t > 'x\\ty'",
+            },
+            {"kind": "bash", "command": "kill -40 $$"},
+            {"kind": "bash", "command": "echo after"},
+        ],
+        collect=["*"],
+    )
+    json.loads(result.model_dump_json())  # serialisable whatever the names
+    assert result.status == Status.CRASHED, result
+    assert "40" in result.steps[1].message
+    assert result.steps[2].stdout == "after\n"
+    contents = {f.path: f.content for f in result.files}
+    assert contents.get("x\\ty") == "t"
+    assert any(name.startswith("bad") and f == "hi" for name, f in contents.items())
+
+
+def test_a_leftover_killing_everything_cannot_break_the_next_step(run):
+    result = run(
+        steps=[
+            {
+                "kind": "bash",
+                "command": "nohup setsid sh -c 'while :; do kill -9 -1; done' >/dev/null 2>&1 &",
+            },
+            {"kind": "bash", "command": "echo second"},
+        ],
+        collect=["*"],
+    )
+    assert result.status != Status.ERROR, result
+    assert result.steps[1].stdout == "second\n"
