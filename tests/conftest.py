@@ -39,6 +39,17 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+def redis_reachable(host: str = "127.0.0.1", port: int = 6379) -> bool:
+    """Is there a Redis (the broker) on the host for a job to attack?"""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def job_shared_dir(prefix: str) -> Path:
     """A world-writable directory a test shares with its jobs. Not under /tmp: the process
     backend gives every job its own /tmp, /var/tmp and /dev/shm."""

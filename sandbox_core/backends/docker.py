@@ -534,15 +534,19 @@ class DockerSession(Session):
 
     def _cgroup_procs(self) -> list[int] | None:
         """Host pids in the container's cgroup, or None where its cgroup is not found."""
-        for path in (
-            f"/sys/fs/cgroup/pids/docker/{self.id}/cgroup.procs",
-            f"/sys/fs/cgroup/pids/system.slice/docker-{self.id}.scope/cgroup.procs",
-            f"/sys/fs/cgroup/system.slice/docker-{self.id}.scope/cgroup.procs",
-            f"/sys/fs/cgroup/docker/{self.id}/cgroup.procs",
-        ):
+        for path in self._cgroup_files("pids", "cgroup.procs", "cgroup.procs"):
             with contextlib.suppress(OSError):
-                return [int(pid) for pid in Path(path).read_text().split()]
+                return [int(pid) for pid in path.read_text().split()]
         return None
+
+    def _cgroup_files(self, controller: str, v1_name: str, v2_name: str) -> Iterator[Path]:
+        """Where the engine may have put the container's cgroup file (cgroupfs or systemd
+        driver, cgroup v1 or v2)."""
+        root, cid = Path("/sys/fs/cgroup"), self.id
+        yield root / controller / "docker" / cid / v1_name
+        yield root / controller / "system.slice" / f"docker-{cid}.scope" / v1_name
+        yield root / "system.slice" / f"docker-{cid}.scope" / v2_name
+        yield root / "docker" / cid / v2_name
 
     def _head(self, path: str, count: int) -> bytes:
         if count <= 0:
@@ -677,14 +681,9 @@ class DockerSession(Session):
 
     def oom_kills(self) -> int:
         """The container's memory cgroup OOM-kill count, read on the host."""
-        for path in (
-            f"/sys/fs/cgroup/memory/docker/{self.id}/memory.oom_control",
-            f"/sys/fs/cgroup/memory/system.slice/docker-{self.id}.scope/memory.oom_control",
-            f"/sys/fs/cgroup/system.slice/docker-{self.id}.scope/memory.events",
-            f"/sys/fs/cgroup/docker/{self.id}/memory.events",
-        ):
+        for path in self._cgroup_files("memory", "memory.oom_control", "memory.events"):
             with contextlib.suppress(OSError):
-                for line in Path(path).read_text().splitlines():
+                for line in path.read_text().splitlines():
                     key, _, value = line.partition(" ")
                     if key == "oom_kill":
                         return int(value)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ import sandbox_core
 from sandbox_core import JobResult, Status, get_backend, parse_spec, slots
 from sandbox_core.backends import bwrap
 from sandbox_core.backends.base import Backend
-from tests.conftest import require
+from tests.conftest import redis_reachable, require
 from tests.security.helpers import new_marker, pids_with_marker, wait_gone
 
 SOURCE_TREE = Path(sandbox_core.__file__).resolve().parent.parent
@@ -200,12 +199,7 @@ def test_remounting_or_new_namespaces_fail(backend):
 
 
 def test_no_network_redis_unreachable(backend):
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=1).close()
-        reachable = True
-    except OSError:
-        reachable = False
-    require(reachable, "no Redis on 127.0.0.1:6379 to attack")
+    require(redis_reachable(), "no Redis on 127.0.0.1:6379 to attack")
     code = (
         "import socket\n"
         "for addr in [('127.0.0.1', 6379), ('1.1.1.1', 53)]:\n"
@@ -225,12 +219,7 @@ def test_no_network_redis_unreachable(backend):
 
 
 def test_network_flag_shares_the_host_network(backend):
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=1).close()
-        reachable = True
-    except OSError:
-        reachable = False
-    require(reachable, "no Redis on 127.0.0.1:6379")
+    require(redis_reachable(), "no Redis on 127.0.0.1:6379")
     code = "import socket\nsocket.create_connection(('127.0.0.1', 6379), timeout=2)\nprint('ok')\n"
     allowed = get_backend("bwrap", allow_network=True)  # the operator's opt-in
     try:

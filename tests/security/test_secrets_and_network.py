@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import os
-import socket
 
 from sandbox_core import Status
-from tests.conftest import require
+from tests.conftest import redis_reachable, require
 
 SECRET = "sandfarm-secret-7f3a9c"
 
@@ -35,12 +34,7 @@ def test_job_env_is_clean_but_has_its_own(run, monkeypatch):
 
 
 def test_job_cannot_reach_the_broker(run):
-    try:
-        socket.create_connection(("127.0.0.1", 6379), timeout=1).close()
-        reachable = True
-    except OSError:
-        reachable = False
-    require(reachable, "no Redis on 127.0.0.1:6379 to attack")
+    require(redis_reachable(), "no Redis on 127.0.0.1:6379 to attack")
     code = (
         "import socket\n"
         "try:\n"
