@@ -31,6 +31,12 @@ class CgroupLayout:
     problems: tuple[str, ...] = ()
 
     @property
+    def bases(self) -> list[Path]:
+        """Every parent directory in use, one per hierarchy (a path may serve several)."""
+        found = [self.kill_v2, self.freezer_v1, self.memory, self.pids]
+        return list(dict.fromkeys(p for p in found if p is not None))
+
+    @property
     def can_kill_tree(self) -> bool:
         return self.kill_v2 is not None or self.freezer_v1 is not None
 
@@ -130,7 +136,7 @@ class JobCgroup:
         layout = detect()
         group = cls(name, layout)
         try:
-            for base in {layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids} - {None}:
+            for base in layout.bases:
                 path = base / name
                 path.mkdir(exist_ok=True)
                 group.dirs.append(path)
@@ -235,7 +241,7 @@ def remove_stale(name: str) -> int:
     """Kill and remove the group ``name`` and any ``name-*`` groups; returns how many."""
     layout = detect()
     names: set[str] = set()
-    for base in {layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids} - {None}:
+    for base in layout.bases:
         with contextlib.suppress(OSError):
             names.update(
                 p.name
@@ -244,11 +250,7 @@ def remove_stale(name: str) -> int:
             )
     for stale in names:
         group = JobCgroup(stale, layout)
-        group.dirs = [
-            b / stale
-            for b in (layout.kill_v2, layout.freezer_v1, layout.memory, layout.pids)
-            if b is not None and (b / stale).is_dir()
-        ]
+        group.dirs = [base / stale for base in layout.bases if (base / stale).is_dir()]
         group.kill()
         group.remove()
     return len(names)

@@ -92,6 +92,16 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def collect_once(client: FarmClient, ids: list[str], timeout: float, farm: Farm | None = None):
+    """Every job's result, asserting none arrives twice and none is missing."""
+    results = {}
+    for result in client.as_completed(ids, timeout=timeout):
+        assert result.id not in results, f"second result for {result.id}"
+        results[result.id] = result
+    assert set(results) == set(ids), farm.logs() if farm else sorted(set(ids) - set(results))
+    return results
+
+
 def wait_for(predicate, timeout: float, every: float = 0.05, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while True:

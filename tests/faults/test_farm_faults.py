@@ -24,6 +24,7 @@ from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
     Farm,
     alive,
+    collect_once,
     farm_db,
     make_farm,
     wait_for,
@@ -96,11 +97,7 @@ def test_whole_worker_killed_mid_batch_every_job_completes(make_farm) -> None:  
         wait_for(victim_busy, 20, what="the victim running a job")
         victim.kill_all()
         assert not alive(victim.pid)
-        results = {}
-        for result in client.as_completed(ids, timeout=60):
-            assert result.id not in results
-            results[result.id] = result
-        assert set(results) == set(ids), farm.logs()
+        results = collect_once(client, ids, 60, farm)
         for i, job_id in enumerate(ids):
             assert results[job_id].status == Status.SUCCEEDED
             assert results[job_id].steps[0].stdout == f"{i}\n"
@@ -183,11 +180,7 @@ def test_redis_restarted_mid_batch_loses_no_queued_job(make_farm, tmp_path: Path
             assert client.redis.connection_pool  # the client retries across the gap
             time.sleep(1.0)
             server.start()
-            results = {}
-            for result in client.as_completed(ids, timeout=90):
-                assert result.id not in results
-                results[result.id] = result
-            assert set(results) == set(ids), farm.logs()
+            results = collect_once(client, ids, 90, farm)
             for i, job_id in enumerate(ids):
                 assert results[job_id].status == Status.SUCCEEDED
                 assert results[job_id].steps[0].stdout == f"{i}\n"

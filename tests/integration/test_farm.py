@@ -17,7 +17,14 @@ from producer.client import FarmClient
 from producer.settings import TASK_NAME
 from sandbox_core import JobResult, Status
 from tests.conftest import job_shared_dir
-from tests.farmkit import SANDFARM, Farm, farm_db, private_db, wait_for  # noqa: F401
+from tests.farmkit import (  # noqa: F401
+    SANDFARM,
+    Farm,
+    collect_once,
+    farm_db,
+    private_db,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -125,11 +132,7 @@ def test_mixed_batch_exactly_one_correct_result_per_job(farm: Farm) -> None:
             args=[{"command": "true", "limits": {"timeout_s": 1e9}}, meta],
             queue=client.settings.queue,
         )
-        results: dict[str, JobResult] = {}
-        for result in client.as_completed([*ids, bad_id], timeout=90):
-            assert result.id not in results, f"second result for {result.id}"
-            results[result.id] = result
-        assert set(results) == {*ids, bad_id}
+        results = collect_once(client, [*ids, bad_id], 90, farm)
         for (spec, status, check), job_id in zip(jobs, ids, strict=True):
             result = results[job_id]
             assert result.status == status, (job_id, result.model_dump_json()[:2000])
@@ -269,33 +272,21 @@ def test_status_counts_workers_and_queue(farm: Farm) -> None:
 
 def test_cli_submit_wait(farm: Farm) -> None:
     env = {**os.environ, **farm.env}
-    out = subprocess.run(
-        [SANDFARM, "submit", "--code", "print('from the farm')", "--wait", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [SANDFARM, "submit", *args], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    out = submit("--code", "print('from the farm')", "--wait", "--json")
     assert out.returncode == 0, out.stderr
     result = JobResult.model_validate_json(out.stdout)
     assert result.status == Status.SUCCEEDED
     assert result.steps[0].stdout == "from the farm\n"
-    out = subprocess.run(
-        [SANDFARM, "submit", "--command", "true", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    out = submit("--command", "true", "--json")
     assert out.returncode == 0, out.stderr
     assert '"id"' in out.stdout
-    out = subprocess.run(
-        [SANDFARM, "submit", "--command", "true", "--id", "no spaces allowed"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    out = submit("--command", "true", "--id", "no spaces allowed")
     assert out.returncode == 2 and "id:" in out.stderr, out.stderr
 
 

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
-from sandbox_core import JobResult, Status
+from sandbox_core import Status
 from tests.conftest import require
-from tests.farmkit import Farm, farm_db, wait_for  # noqa: F401
+from tests.farmkit import Farm, collect_once, farm_db, wait_for  # noqa: F401
 from tests.integration.test_farm import mixed_jobs
 from tests.security.conftest import docker_status
 
@@ -40,11 +40,7 @@ def test_mixed_batch_on_backend(backend, farm_db, tmp_path, is_root):  # noqa: F
         jobs = mixed_jobs(f"{backend}-{uuid.uuid4().hex[:6]}")
         with farm.client() as client:
             ids = client.submit_many([spec for spec, _, _ in jobs])
-            results: dict[str, JobResult] = {}
-            for result in client.as_completed(ids, timeout=240):
-                assert result.id not in results, f"second result for {result.id}"
-                results[result.id] = result
-        assert set(results) == set(ids), farm.logs()
+            results = collect_once(client, ids, 240, farm)
         for (_, status, check), job_id in zip(jobs, ids, strict=True):
             result = results[job_id]
             assert result.backend == backend
