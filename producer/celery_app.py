@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from producer.settings import Settings, broker_config
+from producer.protocol import Settings, broker_config, get_settings
 
 
 def make_app(settings: Settings) -> Celery:
@@ -22,8 +22,6 @@ def make_app(settings: Settings) -> Celery:
 def __getattr__(name: str) -> Celery:
     # `celery -A producer.celery_app flower` finds `app` here: broker settings only.
     if name == "app":
-        from producer.settings import get_settings
-
         globals()["app"] = make_app(get_settings())
         return globals()["app"]
     raise AttributeError(name)

@@ -13,25 +13,30 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
+from celery import Celery
 
 from producer.celery_app import make_app
-from producer.settings import TASK_NAME, Settings, get_settings
-from producer.store import ResultStore
+from producer.protocol import (
+    KOMBU_UNACKED,
+    TASK_NAME,
+    FarmScripts,
+    Heartbeat,
+    JobState,
+    MessageMeta,
+    Settings,
+    connect,
+    get_settings,
+    margins,
+)
+from producer.protocol.scripts import loads
 from sandbox_core import JobResult, JobSpec, Limits, Status, parse_spec
 
-# Celery's own limits per job sit above the sandbox's: the sandbox ends the job.
-SOFT_LIMIT_MARGIN_S = 60.0
-HARD_LIMIT_MARGIN_S = 90.0
 DEFAULT_BATCH = 1000
 _DEFAULT_LIMITS = Limits().model_dump(mode="json")
 
@@ -69,30 +74,25 @@ class FarmClient:
         # One completion list per client; pass a stable client_id to resume collection.
         self.client_id = client_id or uuid.uuid4().hex
         self.done_key = self.keys.done(self.client_id)
-        self.redis = redis.Redis.from_url(
-            self.settings.redis_url,
-            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=20),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-            socket_timeout=30,
-            socket_connect_timeout=5,
-            health_check_interval=10,
-        )
-        self._store = ResultStore(self.redis, self.settings)
-        self._app = None
+        self.redis = connect(self.settings.redis_url)
+        self._scripts = FarmScripts(self.redis, self.settings)
+        self._app: Celery | None = None
 
     # --- submission -------------------------------------------------------------------
 
     @property
-    def celery(self):
+    def celery(self) -> Celery:
         if self._app is None:
             self._app = make_app(self.settings)
         return self._app
 
-    def submit(self, spec: JobSpec | dict) -> str:
+    def submit(self, spec: JobSpec | dict[str, Any]) -> str:
         """Enqueue one job; returns its id. The same id again is not sent again."""
         return self.submit_many([spec])[0]
 
-    def submit_many(self, specs: Iterable[JobSpec | dict], batch: int = DEFAULT_BATCH) -> list[str]:
+    def submit_many(
+        self, specs: Iterable[JobSpec | dict[str, Any]], batch: int = DEFAULT_BATCH
+    ) -> list[str]:
         """Enqueue many jobs, pipelined; returns their ids in order.
 
         A dict is validated first (SpecError names the field). Ids already submitted
@@ -104,6 +104,7 @@ class FarmClient:
             spec = item if isinstance(item, JobSpec) else parse_spec(item)
             if spec.id is None:
                 spec = spec.model_copy(update={"id": uuid.uuid4().hex})
+            assert spec.id is not None
             ids.append(spec.id)
             chunk.append(spec)
             if len(chunk) >= batch:
@@ -114,16 +115,16 @@ class FarmClient:
         return ids
 
     def _send_chunk(self, specs: list[JobSpec]) -> None:
-        now = datetime.now(UTC).isoformat()
+        now = datetime.now(UTC)
         fresh: list[JobSpec] = []
         seen: set[str] = set()
+        state = JobState(at=now, notify=self.done_key).dump()
         pipe = self.redis.pipeline(transaction=False)
         for spec in specs:
             assert spec.id is not None
             if spec.id in seen:
                 continue
             seen.add(spec.id)
-            state = json.dumps({"state": "queued", "at": now, "notify": self.done_key})
             pipe.set(self.keys.job(spec.id), state, nx=True, ex=self.settings.result_ttl_s)
             fresh.append(spec)
         taken = pipe.execute()
@@ -137,7 +138,7 @@ class FarmClient:
             self.redis.delete(*(self.keys.job(spec.id or "") for spec in to_send))
             raise
 
-    def _publish(self, specs: list[JobSpec], queued_at: str) -> None:
+    def _publish(self, specs: list[JobSpec], queued_at: datetime) -> None:
         app = self.celery
         queue = self.settings.queue
         with app.producer_or_acquire() as producer:
@@ -145,15 +146,18 @@ class FarmClient:
             producer.maybe_declare(app.amqp.queues[queue])
             self._publish_batch(app, producer, queue, specs, queued_at)
 
-    def _publish_batch(self, app, producer, queue: str, specs: list[JobSpec], queued_at: str):
+    def _publish_batch(
+        self, app: Celery, producer: Any, queue: str, specs: list[JobSpec], queued_at: datetime
+    ) -> None:
         # kombu's publish batch sends the whole chunk in one pipelined round trip; a
         # failure raises, and the caller forgets the chunk so it can be resubmitted.
         with producer.batch(max_size=len(specs)):
             for spec in specs:
-                meta = {"id": spec.id, "queued_at": queued_at, "notify": self.done_key}
+                assert spec.id is not None
+                meta = MessageMeta(id=spec.id, queued_at=queued_at, notify=self.done_key)
                 app.send_task(
                     TASK_NAME,
-                    args=[compact_spec(spec), meta],
+                    args=[compact_spec(spec), meta.model_dump(mode="json", exclude_none=True)],
                     task_id=spec.id,
                     queue=queue,
                     producer=producer,
@@ -162,8 +166,8 @@ class FarmClient:
                     # Flower and logs see this summary, never the code.
                     argsrepr=spec.summary(),
                     kwargsrepr="{}",
-                    soft_time_limit=spec.limits.timeout_s + SOFT_LIMIT_MARGIN_S,
-                    time_limit=spec.limits.timeout_s + HARD_LIMIT_MARGIN_S,
+                    soft_time_limit=spec.limits.timeout_s + margins.SOFT_LIMIT_MARGIN_S,
+                    time_limit=spec.limits.timeout_s + margins.HARD_LIMIT_MARGIN_S,
                 )
 
     # --- results ----------------------------------------------------------------------
@@ -251,13 +255,10 @@ class FarmClient:
         pipe.exists(keys.running(job_id))
         _, running = pipe.execute()
         if not running:
-            try:
-                notify = json.loads(state).get("notify")
-            except ValueError:
-                notify = None
+            notify = (loads(state) or {}).get("notify")
             result = JobResult(id=job_id, status=Status.CANCELLED, message="cancelled while queued")
             result.timings.finished_at = datetime.now(UTC)
-            self._store.store(result, notify, count_duplicate=False)
+            self._scripts.store_result(result, notify, count_duplicate=False)
         return True
 
     def status(self) -> dict[str, Any]:
@@ -266,18 +267,19 @@ class FarmClient:
         now = time.time()
         pipe = self.redis.pipeline(transaction=False)
         pipe.llen(self.settings.queue)
-        pipe.hlen("unacked")
+        pipe.hlen(KOMBU_UNACKED)
         pipe.zremrangebyscore(keys.in_flight, "-inf", now)
         pipe.zcard(keys.in_flight)
         pipe.hgetall(keys.workers)
         pipe.get(keys.duplicates)
         queued, unacked, _, in_flight, beats, duplicates = pipe.execute()
-        stale_after = 3 * self.settings.reaper_interval_s + 2
+        stale_after = margins.heartbeat_stale_after(self.settings.reaper_interval_s)
         workers = []
         for name, raw in sorted(beats.items()):
-            info = json.loads(raw)
-            age = now - float(info.get("ts", 0))
+            beat = Heartbeat.model_validate_json(raw)
+            age = now - beat.ts
             if age <= stale_after:
+                info = beat.model_dump(mode="json")
                 workers.append({"name": name.decode(), **info, "age_s": round(age, 1)})
         return {
             "queue": self.settings.queue,

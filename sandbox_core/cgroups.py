@@ -216,13 +216,7 @@ class JobCgroup:
         mem = self.layout.memory
         if mem is None:
             return 0
-        name = "memory.events" if self.layout.memory_v2 else "memory.oom_control"
-        with contextlib.suppress(OSError):
-            for line in (mem / self.name / name).read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        return 0
+        return read_oom_kills(mem / self.name / oom_file(self.layout.memory_v2))
 
     def remove(self) -> None:
         for path in self.dirs:
@@ -235,6 +229,21 @@ class JobCgroup:
                 except OSError:
                     time.sleep(0.01)
         self.dirs.clear()
+
+
+def oom_file(v2: bool) -> str:
+    """The file of a memory cgroup that counts OOM kills (v2, or v1's oom_control)."""
+    return "memory.events" if v2 else "memory.oom_control"
+
+
+def read_oom_kills(path: Path) -> int:
+    """The ``oom_kill`` counter of a memory.events / memory.oom_control file; 0 if absent."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return 0
 
 
 def remove_stale(name: str) -> int:

@@ -50,6 +50,12 @@ MAX_SLOTS = 256
 # writing before the step's process tree is killed.
 EXIT_DRAIN_S = 0.2
 
+# Docker backend: the image jobs run in unless they name another (built by ops/images/).
+DOCKER_IMAGE = "sandfarm/sandbox:latest"
+
+# Local backends: find the sandfarm-exec helper beside the interpreter, else on PATH.
+EXEC_HELPER_AUTO = "auto"
+
 # The clean environment: only these names pass from the host, then the job's env.
 ENV_ALLOWLIST = ("LANG", "LC_ALL", "TZ")
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"

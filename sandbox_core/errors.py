@@ -1,4 +1,21 @@
-"""One exception root for sandbox_core; each error also subclasses the matching built-in."""
+"""One exception root for all of sandfarm; each error also subclasses the matching built-in
+and carries its data as attributes, not only as text.
+
+    SandfarmError
+    ├── SpecError (ValueError)                    a job spec broke the contract: field, reason
+    ├── PathEscapeError (PermissionError)         a workspace path tried to leave: path, reason
+    ├── PolicyError (PermissionError)             the farm's policy forbids it: field, reason
+    ├── ProtectionUnavailableError (PermissionError)  a required protection is missing here
+    ├── BackendUnavailableError (RuntimeError)    the backend cannot run on this host at all
+    ├── SlotBusyError (TimeoutError)              no sandbox slot became free in time
+    ├── SyscallPolicyError (ValueError)           the seccomp policy names an unknown call
+    └── FarmError                                 the farm's own (producer.protocol.errors):
+        ├── FarmUnavailableError (ConnectionError)    Redis does not answer: url, cause
+        ├── SlotReservationError (RuntimeError)       no block of free slots for a worker
+        └── InputChangedError (RuntimeError)          a batch input changed mid-run
+
+Job problems (a job that fails, times out, floods) are never raised: they are statuses.
+"""
 
 from __future__ import annotations
 
@@ -50,3 +67,9 @@ class BackendUnavailableError(SandfarmError, RuntimeError):
 
 class SlotBusyError(SandfarmError, TimeoutError):
     """No sandbox slot became free in time."""
+
+    def __init__(self, index: int | None, waited_s: float) -> None:
+        self.index = index
+        self.waited_s = waited_s
+        which = f"sandbox slot {index} not" if index is not None else "no sandbox slot"
+        super().__init__(f"{which} free after {waited_s:.0f}s")

@@ -1,4 +1,7 @@
-"""Run one process with streaming head+tail capture, flood-kill, a deadline and cancel."""
+"""Supervising one step: streaming head+tail capture, flood-kill, a deadline, cancel and
+the exit drain. ``Supervisor`` holds the rules every backend's step loop obeys;
+``run_captured`` is the host-process loop built on it (the Docker session has its own
+loop over the engine's stream, on the same rules)."""
 
 from __future__ import annotations
 
@@ -9,13 +12,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sandbox_core import defaults as d
 from sandbox_core.models import Limits
 from sandbox_core.output import HeadTailBuffer
 
 _CHUNK = 1 << 16
+# After a stop (timeout, flood, cancel) or the leftovers' kill: read what is left in the
+# pipes for at most this long.
+KILL_DRAIN_S = 1.0
 
 
 @dataclass
@@ -29,10 +35,108 @@ class ExecOutcome:
     timed_out: bool = False
     flooded: bool = False
     cancelled: bool = False
+    memory_exceeded: bool = False  # the kernel says the job hit its memory limit
     duration_ms: float = 0.0
     cpu_ms: float = 0.0
     max_rss_kb: int = 0
-    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def for_limits(cls, limits: Limits) -> ExecOutcome:
+        return cls(
+            stdout=HeadTailBuffer(limits.output_bytes, limits.head_ratio),
+            stderr=HeadTailBuffer(limits.output_bytes, limits.head_ratio),
+        )
+
+
+class Supervisor:
+    """The deadline, cancel, flood and exit-drain rules of one step.
+
+    ``stop`` ends the step now (timeout, flood, cancel); ``end_leftovers`` kills what the
+    step's main process left running once it exited and the leftovers had EXIT_DRAIN_S
+    to finish writing. After either, output is read for ``kill_drain_s`` more.
+    """
+
+    def __init__(
+        self,
+        out: ExecOutcome,
+        limits: Limits,
+        deadline: float,
+        cancel: threading.Event | None,
+        stop: Callable[[], None],
+        end_leftovers: Callable[[], None],
+        kill_drain_s: float = KILL_DRAIN_S,
+    ) -> None:
+        self.out = out
+        self.limits = limits
+        self.deadline = deadline
+        self.cancel = cancel
+        self._stop = stop
+        self._end_leftovers = end_leftovers
+        self._kill_drain_s = kill_drain_s
+        self.killed = False
+        self._drain_until: float | None = None
+
+    def next_wait(self, poll_s: float | None = None) -> float | None:
+        """Seconds the caller may block for output or the exit (at most ``poll_s``), or
+        None: supervision is over, stop reading."""
+        now = time.monotonic()
+        if self._drain_until is not None:
+            if now < self._drain_until:
+                return _capped(self._drain_until - now, poll_s)
+            if self.killed:
+                return None
+            self._end_leftovers()  # exited; its leftovers had their drain
+            self._killed_at(now)
+            return self.next_wait(poll_s)
+        if now >= self.deadline:
+            self.stop("timed_out")
+            return self.next_wait(poll_s)
+        if self.cancel is not None and self.cancel.is_set():
+            self.stop("cancelled")
+            return self.next_wait(poll_s)
+        wait = self.deadline - now
+        if self.cancel is not None:
+            wait = min(wait, 0.05)
+        return _capped(wait, poll_s)
+
+    @property
+    def draining(self) -> bool:
+        """The main process exited or the step was stopped: only leftover output is read."""
+        return self._drain_until is not None
+
+    def stop(self, reason: str) -> None:
+        """End the step now for ``reason`` (an ExecOutcome flag: timed_out, flooded, ...)."""
+        if self.killed:
+            return
+        setattr(self.out, reason, True)
+        self._stop()
+        self._killed_at(time.monotonic())
+
+    def exited(self) -> None:
+        """The main process ended: leftovers get EXIT_DRAIN_S to finish writing."""
+        if self._drain_until is None:
+            self._drain_until = time.monotonic() + d.EXIT_DRAIN_S
+
+    def wrote(self, buffer: HeadTailBuffer, chunk: bytes | memoryview) -> None:
+        buffer.write(chunk)
+        if self.out.stdout.total + self.out.stderr.total > self.limits.flood_kill_bytes:
+            self.stop("flooded")
+
+    def _killed_at(self, now: float) -> None:
+        self.killed = True
+        self._drain_until = now + self._kill_drain_s
+
+
+def signal_from_init_status(out: ExecOutcome) -> None:
+    """An init between us and the job (tini, bwrap, Docker's) reports a child killed by
+    signal N as exit status 128+N: read it back as that signal."""
+    code = out.exit_code
+    if code is not None and 128 < code <= 128 + 64:
+        out.exit_code, out.signal = None, code - 128
+
+
+def _capped(wait: float, cap: float | None) -> float:
+    return max(0.0, wait if cap is None else min(wait, cap))
 
 
 def run_captured(
@@ -54,10 +158,7 @@ def run_captured(
     sweep); it is called on timeout, flood, cancel and once the main process has exited
     and its leftovers had ``EXIT_DRAIN_S`` to finish writing.
     """
-    out = ExecOutcome(
-        stdout=HeadTailBuffer(limits.output_bytes, limits.head_ratio),
-        stderr=HeadTailBuffer(limits.output_bytes, limits.head_ratio),
-    )
+    out = ExecOutcome.for_limits(limits)
     started = time.monotonic()
     proc = subprocess.Popen(
         list(argv),
@@ -71,6 +172,14 @@ def run_captured(
         close_fds=True,
         pass_fds=tuple(pass_fds),
     )
+    assert proc.stdout is not None and proc.stderr is not None
+
+    def kill_all() -> None:
+        kill_tree()
+        with contextlib.suppress(OSError):  # the session's group, should kill_tree be weak
+            os.killpg(proc.pid, 9)
+
+    supervisor = Supervisor(out, limits, deadline, cancel, kill_all, kill_all)
     pidfd = os.pidfd_open(proc.pid)
     sel = selectors.DefaultSelector()
     buffers = {proc.stdout.fileno(): out.stdout, proc.stderr.fileno(): out.stderr}
@@ -84,60 +193,24 @@ def run_captured(
         os.set_blocking(stdin_fd, False)
         sel.register(stdin_fd, selectors.EVENT_WRITE)
     status: int | None = None
-    drain_until: float | None = None
-    killed = False
-
-    def kill_all() -> None:
-        kill_tree()
-        with contextlib.suppress(OSError):  # the session's group, should kill_tree be weak
-            os.killpg(proc.pid, 9)
-
-    def stop(reason: str) -> None:
-        nonlocal killed, drain_until
-        setattr(out, reason, True)
-        kill_all()
-        killed = True
-        drain_until = time.monotonic() + 1.0  # read what is left in the pipes, briefly
-
     try:
         while status is None or any(fd in sel.get_map() for fd in buffers):
-            now = time.monotonic()
-            limit = drain_until if drain_until is not None else deadline
-            if now >= limit:
-                if drain_until is None:
-                    stop("timed_out")
-                    continue
-                if not killed:  # exited main process; kill its leftovers, then drain
-                    kill_all()
-                    killed = True
-                    drain_until = now + 1.0
-                    continue
+            wait = supervisor.next_wait()
+            if wait is None:
                 break
-            if cancel is not None and cancel.is_set() and not killed:
-                stop("cancelled")
-                continue
-            wait = min(limit - now, 0.05 if cancel is not None else limit - now)
             for key, _ in sel.select(wait):
                 fd = key.fd
                 if fd == pidfd:
-                    status, usage = _reap(proc)
-                    out.cpu_ms = (usage.ru_utime + usage.ru_stime) * 1000
-                    out.max_rss_kb = usage.ru_maxrss
+                    status = _reap(proc, out)
                     sel.unregister(pidfd)
-                    if drain_until is None:
-                        drain_until = time.monotonic() + d.EXIT_DRAIN_S
+                    supervisor.exited()
                 elif fd == stdin_fd:
                     pending_stdin = _feed(proc, sel, pending_stdin)
                 else:
                     chunk = _read(fd)
-                    if chunk is None:
-                        continue
                     if chunk:
-                        buffers[fd].write(chunk)
-                        flooded = out.stdout.total + out.stderr.total > limits.flood_kill_bytes
-                        if flooded and not killed:
-                            stop("flooded")
-                    else:
+                        supervisor.wrote(buffers[fd], chunk)
+                    elif chunk is not None:
                         sel.unregister(fd)
     finally:
         sel.close()
@@ -147,9 +220,7 @@ def run_captured(
                     stream.close()
         if status is None:
             kill_all()
-            status, usage = _reap(proc)
-            out.cpu_ms = (usage.ru_utime + usage.ru_stime) * 1000
-            out.max_rss_kb = usage.ru_maxrss
+            status = _reap(proc, out)
         os.close(pidfd)
     if os.WIFSIGNALED(status):
         out.signal = os.WTERMSIG(status)
@@ -159,10 +230,13 @@ def run_captured(
     return out
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> tuple[int, os.struct_rusage]:
+def _reap(proc: subprocess.Popen[bytes], out: ExecOutcome) -> int:
+    """Wait for the main process; record its CPU time and peak RSS; its wait status."""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = -1  # reaped here; keep Popen from waiting on a recycled pid
-    return status, usage
+    out.cpu_ms = (usage.ru_utime + usage.ru_stime) * 1000
+    out.max_rss_kb = usage.ru_maxrss
+    return status
 
 
 def _read(fd: int) -> bytes | None:

@@ -19,9 +19,22 @@ from pathlib import Path
 from sandbox_core import cgroups
 from sandbox_core import defaults as d
 from sandbox_core.cgroups import JobCgroup
+from sandbox_core.childsetup import pinned_network_namespace
 from sandbox_core.errors import SlotBusyError
-from sandbox_core.isolation import pinned_network_namespace, sweep_uid
+from sandbox_core.sweep import sweep_uid
 from sandbox_core.workspace import unmount
+
+
+def slot_uid(index: int) -> int | None:
+    """The uid (and gid) slot ``index`` runs its jobs as; None when not root (jobs then
+    run as the caller)."""
+    return d.SLOT_UID_BASE + index if os.geteuid() == 0 else None
+
+
+def slot_of_uid(uid: int) -> int | None:
+    """The slot whose jobs run as ``uid``, or None for a uid outside the slot range."""
+    index = uid - d.SLOT_UID_BASE
+    return index if 0 <= index < d.MAX_SLOTS else None
 
 
 def state_dir() -> Path:
@@ -30,10 +43,24 @@ def state_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"sandfarm-{os.geteuid()}"
 
 
-def default_workspace_base() -> Path:
-    """Not under /run: the process backend hides /run (local services' sockets) from jobs."""
-    if os.environ.get("SANDFARM_WORKSPACE_DIR"):
-        return Path(os.environ["SANDFARM_WORKSPACE_DIR"])
+def try_flock(path: Path, blocking: bool = False) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (created 0600), or None if another
+    open file holds it. The lock ends when the fd is closed or its holder dies."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def workspace_base(configured: Path | None = None) -> Path:
+    """Where slot workspaces live. Not under /run: the process backend hides /run (local
+    services' sockets) from jobs."""
+    if configured is not None:
+        return configured
     if os.geteuid() == 0:
         return Path("/var/lib/sandfarm/work")
     return state_dir() / "work"
@@ -58,8 +85,9 @@ class Slot:
             self._netns_fd = pinned_network_namespace()
         return self._netns_fd
 
-    def workspace_base(self, base: Path | None = None) -> Path:
-        return (base or default_workspace_base()) / f"slot-{self.index}"
+    def workspace_dir(self, base: Path | None = None) -> Path:
+        """This slot's directory of job workspaces under ``base`` (see workspace_base)."""
+        return workspace_base(base) / f"slot-{self.index}"
 
     def release(self) -> None:
         if self.cgroup is not None:
@@ -73,40 +101,21 @@ class Slot:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> Slot:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _try_lock(index: int, blocking: bool) -> int | None:
-    locks = state_dir() / "slots"
-    locks.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(locks / f"{index}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        return fd
-    except BlockingIOError:
-        os.close(fd)
-        return None
-
 
 def acquire(
-    index: int | None = None, timeout_s: float = 30.0, workspace_base: Path | None = None
+    index: int | None = None, timeout_s: float = 30.0, workspace_dir: Path | None = None
 ) -> Slot:
     """Hold slot ``index`` (or the first free one), after sweeping its leftovers."""
     deadline = time.monotonic() + timeout_s
     while True:
         candidates = [index] if index is not None else range(d.MAX_SLOTS)
         for i in candidates:
-            fd = _try_lock(i, blocking=False)
+            fd = try_flock(state_dir() / "slots" / f"{i}.lock")
             if fd is not None:
-                root = os.geteuid() == 0
-                uid = d.SLOT_UID_BASE + i if root else None
+                uid = slot_uid(i)
                 slot = Slot(i, uid, uid, fd)
                 try:
-                    sweep(slot, workspace_base)
+                    sweep(slot, workspace_dir)
                     if uid is not None and cgroups.detect().can_kill_tree:
                         slot.cgroup = JobCgroup.create(slot.cgroup_name, d.MIB * 64, 64)
                 except BaseException:
@@ -114,16 +123,16 @@ def acquire(
                     raise
                 return slot
         if time.monotonic() > deadline:
-            raise SlotBusyError(f"no sandbox slot free after {timeout_s:.0f}s")
+            raise SlotBusyError(index, timeout_s)
         time.sleep(0.05)
 
 
-def sweep(slot: Slot, workspace_base: Path | None = None) -> None:
+def sweep(slot: Slot, workspace_dir: Path | None = None) -> None:
     """Remove what a previous holder of this slot left: processes, cgroups, workspaces."""
     if slot.uid is not None:
         cgroups.remove_stale(slot.cgroup_name)  # the group first: kills even setsid'd trees
         sweep_uid(slot.uid)
-    base = slot.workspace_base(workspace_base)
+    base = slot.workspace_dir(workspace_dir)
     if base.is_dir():
         for leftover in base.iterdir():
             unmount(str(leftover))

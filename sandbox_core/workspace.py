@@ -93,12 +93,6 @@ class Workspace:
             self.mounted = False
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> Workspace:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
     # --- files in and out; only call while no job process is alive -----------------
 
     def write_file(self, path: str, content: bytes) -> None:
@@ -125,10 +119,6 @@ class Workspace:
                 fh.write(content)
         finally:
             os.close(fd)
-
-    def seed(self, files: dict[str, str]) -> None:
-        for path, content in files.items():
-            self.write_file(path, content.encode())
 
     def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
         """Stream a workspace file into ``buffer``; refuses links and non-regular files."""

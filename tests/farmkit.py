@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from producer.client import FarmClient
-from producer.settings import Settings
+from producer.protocol import Settings
 from sandbox_core import defaults as d
 
 SANDFARM = str(Path(sys.executable).parent / "sandfarm")

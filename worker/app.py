@@ -11,8 +11,8 @@ import sys
 
 from celery import Celery, signals
 
-from producer.settings import Settings, broker_config, get_settings
-from worker import slots
+from producer.protocol import Settings, broker_config, get_settings, margins
+from worker import reservation
 
 settings: Settings = get_settings()
 
@@ -33,8 +33,8 @@ def worker_config(s: Settings) -> dict[str, object]:
         "worker_prefetch_multiplier": s.prefetch_multiplier,
         # Celery's limits sit above the sandbox's own (set per job when enqueued): the
         # sandbox, which kills its whole tree, ends a job; Celery only catches a hang.
-        "task_soft_time_limit": s.hard_time_limit_s - 30,
-        "task_time_limit": s.hard_time_limit_s,
+        "task_soft_time_limit": margins.WORKER_SOFT_LIMIT_S,
+        "task_time_limit": margins.WORKER_HARD_LIMIT_S,
         # Events for Flower: workers report received/started/succeeded with argsrepr.
         "worker_send_task_events": s.task_events,
         "task_send_sent_event": s.sent_events,
@@ -55,22 +55,21 @@ app.conf.update(worker_config(settings))
 app.conf.imports = ("worker.tasks",)
 
 # Set in the main process before the pool forks, read in each pool child.
-_reservation: slots.Reservation | None = None
-_reaper: subprocess.Popen | None = None
+_reservation: reservation.Reservation | None = None
+_reaper: subprocess.Popen[bytes] | None = None
 
 
 @signals.worker_init.connect
-def _on_worker_init(sender=None, **_: object) -> None:
+def _on_worker_init(sender: object = None, **_: object) -> None:
     """Reserve this worker's block of slots and start its reaper (main process)."""
     global _reservation, _reaper
     size = int(getattr(sender, "concurrency", None) or settings.concurrency)
-    _reservation = slots.reserve(size, settings.slot_base)
-    os.environ["SANDFARM_SLOT_BASE_RESERVED"] = str(_reservation.base)
+    _reservation = reservation.reserve(size, settings.slot_base)
     name = getattr(sender, "hostname", None) or f"pid{os.getpid()}"
     # Sweep what a previous, dead worker left in our slots before the first job.
     from worker.reaper import sweep_free
 
-    sweep_free()
+    sweep_free(settings.workspace_dir)
     _reaper = subprocess.Popen(
         [
             sys.executable,

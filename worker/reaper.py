@@ -17,24 +17,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import redis
+
+from producer.protocol import Heartbeat, Settings, connect, get_settings, margins
 from sandbox_core import defaults as d
 from sandbox_core import slots
 from sandbox_core.errors import SlotBusyError
-from sandbox_core.isolation import process_uids
-from worker.slots import slot_uid
-
-
-def slot_of_uid(uid: int) -> int | None:
-    index = uid - d.SLOT_UID_BASE
-    return index if 0 <= index < d.MAX_SLOTS else None
+from sandbox_core.slots import slot_of_uid, slot_uid
+from sandbox_core.sweep import process_uids
 
 
 def processes_by_slot() -> dict[int, list[int]]:
@@ -50,7 +48,7 @@ def processes_by_slot() -> dict[int, list[int]]:
 def dirty_slots(workspace_base: Path | None = None) -> set[int]:
     """Slots of this host holding leftovers: processes or workspace entries."""
     dirty = set(processes_by_slot()) if os.geteuid() == 0 else set()
-    base = workspace_base or slots.default_workspace_base()
+    base = slots.workspace_base(workspace_base)
     try:
         for entry in os.scandir(base):
             if entry.name.startswith("slot-") and entry.name[5:].isdigit():
@@ -67,7 +65,7 @@ def sweep_free(workspace_base: Path | None = None) -> list[int]:
     swept = []
     for index in sorted(dirty_slots(workspace_base)):
         try:
-            held = slots.acquire(index, timeout_s=0, workspace_base=workspace_base)
+            held = slots.acquire(index, timeout_s=0, workspace_dir=workspace_base)
         except SlotBusyError:
             continue  # a live job runs there: its own session cleans up
         held.release()  # acquire swept it
@@ -75,7 +73,7 @@ def sweep_free(workspace_base: Path | None = None) -> list[int]:
     return swept
 
 
-_docker: dict[str, object] = {}
+_docker: dict[str, Any] = {}
 
 
 def reap_containers() -> int:
@@ -100,11 +98,10 @@ def reap_containers() -> int:
     return reap_orphans(client)
 
 
-def beat(client, key: str, name: str, info: dict, ttl: float) -> None:
-    info = {**info, "ts": time.time()}
+def beat(client: redis.Redis, key: str, name: str, info: Heartbeat, ttl: int) -> None:
     pipe = client.pipeline(transaction=False)
-    pipe.hset(key, name, json.dumps(info))
-    pipe.expire(key, max(int(ttl), 10))
+    pipe.hset(key, name, info.model_copy(update={"ts": time.time()}).dump())
+    pipe.expire(key, ttl)
     pipe.execute()
 
 
@@ -113,23 +110,16 @@ def _parent_alive(pid: int) -> bool:
 
 
 def run(parent: int, name: str, base: int, size: int, interval: float, beats: bool) -> None:
-    from producer.settings import get_settings
-
     settings = get_settings()
-    client = None
-    if beats:
-        import redis
-
-        client = redis.Redis.from_url(
-            settings.redis_url, socket_timeout=5, socket_connect_timeout=2
-        )
-    info = {
-        "pid": parent,
-        "host": socket.gethostname(),
-        "slots": [base, base + size],
-        "uids": [slot_uid(base), slot_uid(base + size - 1)],
-        "concurrency": size,
-    }
+    # Impatient: a missing broker must never stall the sweeps; the beat is retried next tick.
+    client = connect(settings.redis_url, patient=False) if beats else None
+    info = Heartbeat(
+        pid=parent,
+        host=socket.gethostname(),
+        slots=(base, base + size),
+        uids=(slot_uid(base), slot_uid(base + size - 1)),
+        concurrency=size,
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         _loop(parent, name, base, size, interval, settings, client, info)
@@ -139,7 +129,16 @@ def run(parent: int, name: str, base: int, size: int, interval: float, beats: bo
                 client.hdel(settings.keys.workers, name)
 
 
-def _loop(parent, name, base, size, interval, settings, client, info) -> None:
+def _loop(
+    parent: int,
+    name: str,
+    base: int,
+    size: int,
+    interval: float,
+    settings: Settings,
+    client: redis.Redis | None,
+    info: Heartbeat,
+) -> None:
     orphaned_at: float | None = None
     while True:
         alive = _parent_alive(parent)
@@ -149,17 +148,19 @@ def _loop(parent, name, base, size, interval, settings, client, info) -> None:
                 with contextlib.suppress(Exception):
                     client.hdel(settings.keys.workers, name)
         try:
-            sweep_free()
+            sweep_free(settings.workspace_dir)
             reap_containers()
         except Exception as exc:  # never let the reaper die of one bad slot
             print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
         if alive and client is not None:
             # Redis away: the broker reconnect logs it; keep reaping.
             with contextlib.suppress(Exception):
-                beat(client, settings.keys.workers, name, info, interval * 3)
+                beat(client, settings.keys.workers, name, info, margins.heartbeat_ttl(interval))
         if orphaned_at is not None:
             ours = set(range(base, base + size))
-            if not (dirty_slots() & ours) or time.monotonic() - orphaned_at > 60:
+            if not (dirty_slots(settings.workspace_dir) & ours) or (
+                time.monotonic() - orphaned_at > 60
+            ):
                 return
             time.sleep(min(interval, 0.5))
             continue

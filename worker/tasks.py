@@ -1,8 +1,8 @@
 """The one task: ``sandfarm.execute`` — validate, count the attempt, run in this pool
 process's slot, store the bounded JobResult once.
 
-Message: ``args = [spec_dict, meta]`` where meta is ``{"id", "queued_at", "notify"}``
-(``notify``: the completion list of the client that submitted it). The client has
+Message: ``args = [spec_dict, meta]`` where meta is a ``protocol.MessageMeta`` (``notify``:
+the completion list of the client that submitted it). The client has
 already taken the job's state key, so a second submission never sends a second message;
 a redelivered message (worker died, lost ack) finds the stored result and stops, or
 runs again and loses the SET NX race, which is counted, never stored.
@@ -11,89 +11,51 @@ runs again and loses the SET NX race, which is counted, never stored.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
-from producer.settings import TASK_NAME
-from producer.store import ResultStore
+from producer.protocol import TASK_NAME, FarmScripts, MessageMeta, RunningRecord, connect
 from sandbox_core import JobResult, SpecError, Status, get_backend, parse_spec
 from sandbox_core import defaults as d
 from sandbox_core.backends import Backend
 from worker.app import app, settings, slot_index
 
-# The running flag outlives the job's deadline by this much (slot wait, setup, storing).
-RUNNING_MARGIN_S = 120.0
-
-# KEYS: result, attempts, running, cancel, in-flight zset
-# ARGV: ttl, running JSON, running ttl, job id, in-flight expiry, now (epoch seconds);
-# entries past their expiry (jobs of killed workers) are dropped here and by status().
-_BEGIN_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
-local attempts = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[6])
-redis.call('ZADD', KEYS[5], ARGV[5], ARGV[4])
-return {attempts, redis.call('EXISTS', KEYS[4])}
-"""
-
 _client: redis.Redis | None = None
-_begin_script: Any = None
-_store: ResultStore | None = None
+_scripts: FarmScripts | None = None
 _backends: dict[str, Backend] = {}
 
 
 def client() -> redis.Redis:
-    """This process's Redis client; retries across a Redis restart of up to ~a minute."""
-    global _client, _store, _begin_script
+    """This process's Redis client (patient: it rides out a Redis restart)."""
+    global _client, _scripts
     if _client is None:
-        _client = redis.Redis.from_url(
-            settings.redis_url,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=40),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-            socket_timeout=30,
-            socket_connect_timeout=5,
-            health_check_interval=10,
-        )
-        _store = ResultStore(_client, settings)
-        _begin_script = _client.register_script(_BEGIN_LUA)
+        _client = connect(settings.redis_url)
+        _scripts = FarmScripts(_client, settings)
     return _client
+
+
+def scripts() -> FarmScripts:
+    client()
+    assert _scripts is not None
+    return _scripts
 
 
 def store(result: JobResult, notify: str | None) -> bool:
     """First stored result wins; returns False (and counts it) for a duplicate."""
-    client()
-    assert _store is not None
-    return _store.store(result, notify)
+    return scripts().store_result(result, notify)
 
 
 def backend_for(name: str, hostname: str | None) -> Backend:
     backend = _backends.get(name)
     if backend is None:
-        options: dict[str, object] = {
-            "worker": hostname,
-            "allow_weaker": settings.allow_weaker,
-            "allow_network": settings.allow_network,
-        }
-        if name in ("process", "bwrap"):
-            options["slot"] = slot_index()
-        if name == "docker":
-            options.update(
-                image=settings.docker_image,
-                runtime=settings.docker_runtime,
-                warm_pool=settings.docker_warm_pool,
-            )
-        backend = get_backend(name, **options)
+        config = settings.backend_config(name, slot=slot_index(), worker=hostname)
+        backend = get_backend(config)
         _backends[name] = backend
     return backend
 
@@ -105,14 +67,6 @@ def _timeout_of(spec: object) -> float:
     except (KeyError, TypeError, ValueError):
         return d.TIMEOUT_S[0]
     return min(max(value, 1.0), d.TIMEOUT_S[1])
-
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    with contextlib.suppress(ValueError):
-        return datetime.fromisoformat(value)
-    return None
 
 
 def _final(job_id: str, status: Status, message: str, **extra: Any) -> JobResult:
@@ -149,46 +103,39 @@ class CancelWatch:
         self._stop.set()
 
 
-class ExecuteTask(Task):
+def _meta_of(raw: object) -> MessageMeta | None:
+    try:
+        return MessageMeta.model_validate(raw)
+    except ValueError:
+        return None
+
+
+class ExecuteTask(Task):  # Celery's Task is untyped (Any)
     # The code never goes to Flower or logs (the producer also sends argsrepr).
-    def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
         """A farm failure (a bug, Celery's hard time limit): store `error` for the job."""
-        meta = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
-        job_id = meta.get("id")
-        if not job_id:
+        meta = _meta_of(args[1]) if len(args) > 1 else None
+        if meta is None:
             return
         with contextlib.suppress(Exception):
             store(
-                _final(job_id, Status.ERROR, f"farm failure: {type(exc).__name__}: {exc}"),
-                meta.get("notify"),
+                _final(meta.id, Status.ERROR, f"farm failure: {type(exc).__name__}: {exc}"),
+                meta.notify,
             )
 
 
 @app.task(name=TASK_NAME, bind=True, base=ExecuteTask, acks_late=True, reject_on_worker_lost=True)
-def execute(self: Task, spec: dict, meta: dict) -> str:
-    job_id = str(meta["id"])
-    notify = meta.get("notify")
-    queued_at = _parse_time(meta.get("queued_at"))
+def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
+    meta = MessageMeta.model_validate(raw_meta)
+    job_id, notify, queued_at = meta.id, meta.notify, meta.queued_at
     hostname = self.request.hostname
     keys = settings.keys
-    client()
-    ttl = settings.result_ttl_s
 
-    # One atomic round trip: stop if final, else count the attempt, flag it running
-    # (expiring soon after its deadline, so a killed pool process leaves no stale flag)
-    # and list it in flight; and read the cancel flag after setting ours (see cancel()).
-    deadline_in = _timeout_of(spec) + RUNNING_MARGIN_S
-    running = json.dumps({"worker": hostname, "pid": os.getpid(), "slot": slot_index()})
-    attempts, cancelled = _begin_script(
-        keys=[
-            keys.result(job_id),
-            keys.attempts(job_id),
-            keys.running(job_id),
-            keys.cancel(job_id),
-            keys.in_flight,
-        ],
-        args=[ttl, running, int(deadline_in), job_id, time.time() + deadline_in, time.time()],
-    )
+    # One atomic round trip (begin_attempt.lua): final already? else count, flag, list.
+    running = RunningRecord(worker=hostname, pid=os.getpid(), slot=slot_index())
+    attempts, cancelled = scripts().begin_attempt(job_id, running, _timeout_of(spec))
     if attempts < 0:
         # Redelivered after a result was stored (lost ack), or cancelled while queued.
         return "already final"

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from sandbox_core import Status, get_backend, parse_spec
-from sandbox_core.backends.docker import DEFAULT_IMAGE
+from sandbox_core.defaults import DOCKER_IMAGE as DEFAULT_IMAGE
 
 JOB = {"command": "python3 -c 'print(1)'"}
 LLM_VENV = Path(__file__).resolve().parents[2] / ".venv-llm-sandbox"

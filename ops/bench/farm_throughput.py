@@ -32,7 +32,7 @@ from pathlib import Path
 import redis
 
 from producer.client import FarmClient
-from producer.settings import Settings, get_settings
+from producer.protocol import Settings, get_settings
 from sandbox_core import JobSpec, Status
 from sandbox_core.defaults import SANDBOX_PATH
 

@@ -13,7 +13,14 @@ import sys
 import click
 
 from producer.commands.local import fail, limit_options, print_result, spec_from_options
+from producer.protocol import Settings
 from sandbox_core import BACKEND_NAMES, SpecError, parse_spec
+
+
+def _default(name: str) -> str:
+    """``[default: X]`` for help texts, from the settings model (env var named too)."""
+    return f"[default: SANDFARM_{name.upper()}, else {Settings.default_of(name)}]"
+
 
 redis_url_option = click.option(
     "--redis-url", envvar="SANDFARM_REDIS_URL", help="Redis URL [env SANDFARM_REDIS_URL]"
@@ -26,6 +33,7 @@ def register(group: click.Group) -> None:
     group.add_command(submit)
     group.add_command(status)
     group.add_command(flower)
+    group.add_command(settings_command)
 
 
 def _exec_celery(args: list[str], env: dict[str, str]) -> None:
@@ -37,11 +45,13 @@ def _exec_celery(args: list[str], env: dict[str, str]) -> None:
 @click.option(
     "--backend",
     type=click.Choice(BACKEND_NAMES),
-    help="backend of jobs that name none [default: SANDFARM_DEFAULT_BACKEND, else process]",
+    help=f"backend of jobs that name none {_default('default_backend')}",
 )
-@click.option("--concurrency", "-c", type=int, default=None, help="sandbox slots [default 2]")
+@click.option(
+    "--concurrency", "-c", type=int, default=None, help=f"sandbox slots {_default('concurrency')}"
+)
 @click.option("--name", "-n", help="node name (NAME@host); distinct per worker on a host")
-@click.option("--queue", "-Q", help="queue to consume [default sandfarm]")
+@click.option("--queue", "-Q", help=f"queue to consume {_default('queue')}")
 @click.option("--loglevel", "-l", default="info", show_default=True)
 @click.option("--allow-weaker", is_flag=True, help="run jobs even if a protection is missing")
 @redis_url_option
@@ -55,7 +65,7 @@ def worker(
     redis_url: str | None,
 ) -> None:
     """Start a sandbox worker (Celery prefork, one slot per pool process, events on)."""
-    from producer.settings import get_settings
+    from producer.protocol import get_settings
 
     settings = get_settings(redis_url=redis_url, concurrency=concurrency, queue=queue)
     env = {
@@ -173,7 +183,7 @@ def status(as_json: bool, redis_url: str | None) -> None:
 
 
 @click.command()
-@click.option("--port", type=int, default=None, help="HTTP port [default 5555]")
+@click.option("--port", type=int, default=None, help=f"HTTP port {_default('flower_port')}")
 @click.option("--address", default="127.0.0.1", show_default=True)
 @click.option(
     "--api", is_flag=True, help="serve Flower's HTTP API without auth (keep --address local)"
@@ -184,7 +194,7 @@ def flower(port: int | None, address: str, api: bool, redis_url: str | None) -> 
 
     Same as: SANDFARM_REDIS_URL=... celery -A producer.celery_app flower --port=5555
     """
-    from producer.settings import get_settings
+    from producer.protocol import get_settings
 
     settings = get_settings(redis_url=redis_url)
     env = {"SANDFARM_REDIS_URL": settings.redis_url}
@@ -194,3 +204,19 @@ def flower(port: int | None, address: str, api: bool, redis_url: str | None) -> 
     _exec_celery(
         ["-A", "producer.celery_app", "flower", f"--port={port}", f"--address={address}"], env
     )
+
+
+@click.command("settings")
+@click.option("--markdown", is_flag=True, help="the table of every setting, as in the README")
+def settings_command(markdown: bool) -> None:
+    """Every farm setting: its environment variable, its value here, what it means."""
+    from producer.protocol import get_settings
+
+    if markdown:
+        click.echo(Settings.table())
+        return
+    current = get_settings()
+    for name, field in Settings.model_fields.items():
+        value = getattr(current, name)
+        click.echo(f"SANDFARM_{name.upper()}={'' if value is None else value}")
+        click.echo(f"    {field.description}")

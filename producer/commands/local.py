@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -15,7 +16,7 @@ from sandbox_core.errors import BackendUnavailableError
 MAX_JOB_FILE_BYTES = 16 * 1024 * 1024
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr, then exit: bad input is 2, a farm failure 1."""
     click.echo(f"sandfarm: error: {message}", err=True)
     sys.exit(code)
@@ -59,7 +60,6 @@ def spec_from_options(
         return parse_spec(data)
     except SpecError as exc:
         fail(str(exc))
-    raise AssertionError("unreachable")
 
 
 def print_result(result: JobResult, as_json: bool) -> None:
@@ -106,11 +106,17 @@ def schema(result: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def doctor(as_json: bool) -> None:
     """Show which protections each backend really gives on this host, and why not."""
-    report: dict[str, object] = {}
+    from producer.protocol import get_settings
+
+    settings = get_settings()
+    report: dict[str, str | list[dict[str, object]]] = {}
     for name in BACKEND_NAMES:
         try:
-            backend = get_backend(name)
-            report[name] = [p.__dict__ for p in backend.protections()]
+            backend = get_backend(settings.backend_config(name))
+            try:
+                report[name] = [p.__dict__ for p in backend.protections()]
+            finally:
+                backend.close()
         except (ImportError, BackendUnavailableError, OSError) as exc:
             report[name] = f"unavailable: {exc}"
     if as_json:
@@ -149,11 +155,21 @@ def run(
     spec = spec_from_options(
         code, command, job, {"timeout_s": timeout_s, "memory_mb": memory_mb, "network": network}
     )
+    from producer.protocol import get_settings
+
+    settings = get_settings()
+    name = spec.backend or backend
     try:
         # The operator asked for --network on this command line: allow it for this run.
         sandbox = get_backend(
-            spec.backend or backend, allow_weaker=allow_weaker, allow_network=bool(network)
+            settings.backend_config(name),
+            allow_weaker=allow_weaker or settings.allow_weaker,
+            allow_network=bool(network) or settings.allow_network,
         )
     except (BackendUnavailableError, ImportError) as exc:
-        fail(f"backend {backend}: {exc}", code=1)
-    print_result(sandbox.run(spec), as_json)
+        fail(f"backend {name}: {exc}", code=1)
+    try:
+        result = sandbox.run(spec)
+    finally:
+        sandbox.close()  # nothing of the job (a container) outlives the command
+    print_result(result, as_json)

@@ -1,27 +1,57 @@
-"""Backends: where a job runs. Each shares the interface in ``base``."""
+"""Backends: where a job runs. Each shares the interface in ``base`` and takes one typed
+configuration (``config``)."""
 
 from __future__ import annotations
 
 from sandbox_core.backends.base import Backend, Protection, Session
+from sandbox_core.backends.config import (
+    BackendConfig,
+    BwrapConfig,
+    DockerConfig,
+    ProcessConfig,
+    backend_config,
+)
+from sandbox_core.errors import SpecError
 
 BACKEND_NAMES = ("process", "bwrap", "docker")
 
 
-def get_backend(name: str, **options: object) -> Backend:
-    """Build a backend by name; imports lazily so a missing optional part only hurts its user."""
-    if name == "process":
+def get_backend(
+    backend: str | ProcessConfig | BwrapConfig | DockerConfig, **fields: object
+) -> Backend:
+    """Build a backend from its config, or from its name and config fields (validated:
+    an unknown field is an error). Imports lazily, so a missing optional part (the Docker
+    SDK) only hurts its user."""
+    if isinstance(backend, str):
+        if backend not in BACKEND_NAMES:
+            raise SpecError(
+                "backend", f"unknown backend {backend!r}; choose one of {BACKEND_NAMES}"
+            )
+        config = backend_config(backend, **fields)
+    else:
+        config = backend_config(backend.type, **{**dict(backend), **fields})
+    if isinstance(config, ProcessConfig):
         from sandbox_core.backends.process import ProcessBackend
 
-        return ProcessBackend(**options)  # type: ignore[arg-type]
-    if name == "bwrap":
+        return ProcessBackend(config)
+    if isinstance(config, BwrapConfig):
         from sandbox_core.backends.bwrap import BwrapBackend
 
-        return BwrapBackend(**options)  # type: ignore[arg-type]
-    if name == "docker":
-        from sandbox_core.backends.docker import DockerBackend
+        return BwrapBackend(config)
+    from sandbox_core.backends.docker import DockerBackend
 
-        return DockerBackend(**options)  # type: ignore[arg-type]
-    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    return DockerBackend(config)
 
 
-__all__ = ["BACKEND_NAMES", "Backend", "Protection", "Session", "get_backend"]
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendConfig",
+    "BwrapConfig",
+    "DockerConfig",
+    "ProcessConfig",
+    "Protection",
+    "Session",
+    "backend_config",
+    "get_backend",
+]

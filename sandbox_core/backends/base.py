@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sandbox_core.backends.config import CommonConfig
 from sandbox_core.errors import PolicyError, ProtectionUnavailableError, SandfarmError
 from sandbox_core.models import (
     BashStep,
@@ -33,18 +34,6 @@ from sandbox_core.runner import ExecOutcome
 
 # Text a runtime prints when an allocation fails under an address-space limit.
 _MEMORY_ERROR_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
-
-# Python runs the step's script with cwd importable, as `python -c` would, but isolated (-I).
-PYTHON_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, ''); p = sys.argv.pop(1); sys.argv[0] = p;"
-    " exec(compile(open(p, encoding='utf-8').read(), '<step>', 'exec'),"
-    " {'__name__': '__main__', '__builtins__': __builtins__})"
-)
-# The same with the source itself as the argument (for sources small enough for argv).
-PYTHON_INLINE_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, ''); s = sys.argv.pop(1); sys.argv[0] = '-c';"
-    " exec(compile(s, '<step>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__})"
-)
 
 
 @dataclass(frozen=True)
@@ -80,8 +69,8 @@ class Session(ABC):
     @abstractmethod
     def exec(
         self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
-    ) -> tuple[ExecOutcome, bool]:
-        """Run one step; returns the outcome and whether the memory limit was hit."""
+    ) -> ExecOutcome:
+        """Run one step to its outcome (``memory_exceeded`` as the kernel reports it)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -91,14 +80,12 @@ class Session(ABC):
 class Backend(ABC):
     name: str = "abstract"
 
-    def __init__(
-        self, *, allow_weaker: bool = False, allow_network: bool = False, worker: str | None = None
-    ) -> None:
-        self.allow_weaker = allow_weaker
+    def __init__(self, config: CommonConfig) -> None:
+        self.allow_weaker = config.allow_weaker
         # Off by default: on the host backends `network: true` means the host's network,
         # loopback services (the broker) included; only an operator turns it on.
-        self.allow_network = allow_network
-        self.worker = worker
+        self.allow_network = config.allow_network
+        self.worker = config.worker
 
     @abstractmethod
     def protections(self) -> list[Protection]:
@@ -229,8 +216,8 @@ class Backend(ABC):
             result.duration_ms = (time.monotonic() - began) * 1000
             return result
         assert isinstance(step, BashStep | PythonStep)
-        outcome, memory_hit = session.exec(step, index, deadline, cancel)
-        status, message = classify(outcome, limits, memory_hit)
+        outcome = session.exec(step, index, deadline, cancel)
+        status, message = classify(outcome, limits)
         return StepResult(
             kind=step.kind,
             status=status,
@@ -264,15 +251,13 @@ def _file_step(session: Session, step: WriteFileStep | ReadFileStep, limits: Lim
             truncated=buffer.truncated,
         )
     except (OSError, SandfarmError) as exc:
-        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
         return StepResult(
             kind=step.kind, status=StepStatus.FAILED, exit_code=1, message=f"{step.path}: {reason}"
         )
 
 
-def classify(
-    outcome: ExecOutcome, limits: Limits, memory_hit: bool
-) -> tuple[StepStatus, str | None]:
+def classify(outcome: ExecOutcome, limits: Limits) -> tuple[StepStatus, str | None]:
     """Map what happened to a process onto the one status that describes it."""
     if outcome.cancelled:
         return StepStatus.CANCELLED, "cancelled"
@@ -286,7 +271,7 @@ def classify(
         return StepStatus.TIMED_OUT, f"CPU limit of {limits.cpu_s}s reached"
     if outcome.exit_code == 0:
         return StepStatus.SUCCEEDED, None
-    if memory_hit:
+    if outcome.memory_exceeded:
         return StepStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB reached"
     if outcome.exit_code is not None:
         tail = outcome.stderr.last(4096).decode("utf-8", "replace")
@@ -294,7 +279,7 @@ def classify(
             return StepStatus.MEMORY_EXCEEDED, f"allocation failed under {limits.memory_mb} MB"
         return StepStatus.FAILED, None
     try:
-        name = signal.Signals(outcome.signal).name
+        name = signal.Signals(outcome.signal or 0).name
     except ValueError:  # real-time and unnamed signals
         name = f"signal {outcome.signal}"
     if outcome.signal == signal.SIGXFSZ:

@@ -24,10 +24,10 @@ from pathlib import Path
 from sandbox_core import slots
 from sandbox_core.backends.base import Protection
 from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
+from sandbox_core.childsetup import ChildSetup, bytes_memfd
 from sandbox_core.errors import ProtectionUnavailableError
-from sandbox_core.isolation import ChildSetup
 from sandbox_core.models import ExecStep, JobSpec
-from sandbox_core.runner import ExecOutcome
+from sandbox_core.runner import ExecOutcome, signal_from_init_status
 
 WORK = "/workspace"
 TMP = "/tmp"
@@ -209,15 +209,13 @@ class BwrapSession(LocalSession):
 
     def exec(
         self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
-    ) -> tuple[ExecOutcome, bool]:
-        outcome, memory_hit = super().exec(step, index, deadline, cancel)
+    ) -> ExecOutcome:
+        outcome = super().exec(step, index, deadline, cancel)
         # bwrap reports a child killed by signal N as exit status 128+N; give the signal
         # back so classification matches the other backends (a program that itself
         # exits with 129..192 is read as killed by that signal: bwrap cannot tell).
-        code = outcome.exit_code
-        if code is not None and 128 < code <= 128 + 64:
-            outcome.exit_code, outcome.signal = None, code - 128
-        return outcome, memory_hit
+        signal_from_init_status(outcome)
+        return outcome
 
 
 def _etc_files(uid: int, gid: int) -> dict[str, str]:
@@ -342,9 +340,7 @@ class BwrapBackend(LocalBackend):
             "--remount-ro",
             "/dev",
         ]
-        fd = os.memfd_create("sandfarm-bwrap-args", 0)  # not CLOEXEC: bwrap reads it
-        os.write(fd, b"".join(a.encode() + b"\0" for a in args))
-        os.lseek(fd, 0, os.SEEK_SET)
+        fd = bytes_memfd("sandfarm-bwrap-args", b"".join(a.encode() + b"\0" for a in args))
         command = [found.path or "bwrap", "--args", str(fd), "--", *found.init, *argv]
         return Launch(command, {"PATH": "/usr/bin:/bin"}, [fd])
 

@@ -9,25 +9,24 @@ import threading
 from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sandbox_core import cgroups, slots
 from sandbox_core import defaults as d
-from sandbox_core.backends.base import PYTHON_BOOTSTRAP, Backend, Protection, Session
+from sandbox_core.backends.base import Backend, Protection, Session
+from sandbox_core.backends.config import LocalConfig
+from sandbox_core.backends.steps import clean_environment, script_argv, source_of
 from sandbox_core.cgroups import JobCgroup
-from sandbox_core.isolation import (
+from sandbox_core.childsetup import (
     ChildSetup,
-    become_subreaper,
     bytes_memfd,
     env_memfd,
-    native_helper,
-    reap_zombies_of,
+    find_exec_helper,
     rlimits_for,
-    sweep_uid,
 )
-from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
+from sandbox_core.models import CollectedFile, ExecStep, JobSpec
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome, run_captured
+from sandbox_core.sweep import become_subreaper, reap_zombies_of, sweep_uid
 from sandbox_core.workspace import Workspace
 
 
@@ -57,7 +56,7 @@ class LocalSession(Session):
         self.cgroup: JobCgroup | None = None
         self.clean = True  # no process of this session can be alive
         self.ws = Workspace.create(
-            slot.workspace_base(backend.workspace_base),
+            slot.workspace_dir(backend.workspace_dir),
             spec.limits.workspace_mb,
             slot.uid,
             slot.gid,
@@ -94,23 +93,19 @@ class LocalSession(Session):
 
     def exec(
         self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
-    ) -> tuple[ExecOutcome, bool]:
+    ) -> ExecOutcome:
         script = self.scripts / f"step-{index}"
-        script.write_text(step.code if isinstance(step, PythonStep) else step.command)
+        script.write_text(source_of(step))
         if self.slot.gid is not None:  # readable by this job only, not by other slots
             os.chown(script, 0, self.slot.gid)
             script.chmod(0o640)
-        inside = f"{self.paths.scripts}/step-{index}"
-        if isinstance(step, PythonStep):
-            argv = [self.backend.python, "-I", "-c", PYTHON_BOOTSTRAP, inside]
-        else:
-            argv = ["bash", "--noprofile", "--norc", inside]
+        argv = script_argv(step, self.backend.python, f"{self.paths.scripts}/step-{index}")
         limits = self.spec.limits
         ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
         self.clean = False
         setup = self.backend.child_setup(self)
         launch = self.backend.wrap(self, argv, self.backend.environment(self))
-        helper = native_helper()
+        helper = self.backend.exec_helper
         env_fd = env_memfd(launch.env) if helper else None
         seccomp_fd = (
             bytes_memfd("sandfarm-seccomp", setup.seccomp) if helper and setup.seccomp else None
@@ -144,8 +139,8 @@ class LocalSession(Session):
             self.clean = True
             if self.slot.uid is not None:
                 reap_zombies_of(self.slot.uid)
-        memory_hit = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
-        return outcome, memory_hit
+        outcome.memory_exceeded = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
+        return outcome
 
     def close(self) -> None:
         if not self.clean:
@@ -161,20 +156,12 @@ class LocalBackend(Backend):
     # Processes a wrapper keeps alive beside the job (bwrap: 2); the job's limit comes on top.
     helper_processes = 0
 
-    def __init__(
-        self,
-        *,
-        slot: int | None = None,
-        workspace_base: Path | None = None,
-        python: str = "python3",
-        allow_weaker: bool = False,
-        allow_network: bool = False,
-        worker: str | None = None,
-    ) -> None:
-        super().__init__(allow_weaker=allow_weaker, allow_network=allow_network, worker=worker)
-        self.slot_index = slot
-        self.workspace_base = workspace_base
-        self.python = python
+    def __init__(self, config: LocalConfig) -> None:
+        super().__init__(config)
+        self.slot_index = config.slot
+        self.workspace_dir = config.workspace_dir
+        self.python = config.python
+        self.exec_helper = find_exec_helper(config.exec_helper)
         self.is_root = os.geteuid() == 0
         if self.is_root:
             become_subreaper()
@@ -200,7 +187,7 @@ class LocalBackend(Backend):
         with self._slots_lock:
             if self._idle_slots:
                 return self._idle_slots.pop()
-        return slots.acquire(self.slot_index, workspace_base=self.workspace_base)
+        return slots.acquire(self.slot_index, workspace_dir=self.workspace_dir)
 
     def close(self) -> None:
         """Release the slots this backend holds."""
@@ -215,19 +202,7 @@ class LocalBackend(Backend):
         return required
 
     def environment(self, session: LocalSession) -> dict[str, str]:
-        """A clean environment: the allowlist, the sandbox's own paths, then the job's env."""
-        env = {name: os.environ[name] for name in d.ENV_ALLOWLIST if name in os.environ}
-        env.setdefault("LANG", "C.UTF-8")
-        env.update(
-            PATH=d.SANDBOX_PATH,
-            HOME=session.paths.work,
-            TMPDIR=session.paths.tmp,
-            PWD=session.paths.work,
-            PYTHONDONTWRITEBYTECODE="1",
-            PYTHONUNBUFFERED="1",
-        )
-        env.update(session.spec.env)
-        return env
+        return clean_environment(session.paths.work, session.paths.tmp, session.spec.env)
 
     def common_protections(self) -> list[Protection]:
         layout = cgroups.detect() if self.is_root else None
@@ -250,9 +225,9 @@ class LocalBackend(Backend):
             cg("pids_cgroup", bool(layout and layout.pids), "per-job process cap"),
             Protection(
                 "exec_helper",
-                native_helper() is not None,
-                f"{native_helper()}: vfork + exec, no Python between"
-                if native_helper()
+                self.exec_helper is not None,
+                f"{self.exec_helper}: vfork + exec, no Python between"
+                if self.exec_helper
                 else "sandfarm-exec not built (make setup): Python child setup, slower",
             ),
             Protection(

@@ -9,7 +9,7 @@ from functools import cache
 
 from sandbox_core.backends.base import Protection
 from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
-from sandbox_core.isolation import ChildSetup, private_network
+from sandbox_core.childsetup import ChildSetup, private_network
 from sandbox_core.models import JobSpec
 from sandbox_core.seccomp import job_filter
 
@@ -41,7 +41,8 @@ class ProcessBackend(LocalBackend):
         private_tmp = Protection(
             "private_tmp",
             self.is_root,
-            "own mount + IPC namespace, tmpfs over /tmp, /var/tmp, /dev/shm, /run/lock"
+            "own mount + IPC namespace: tmpfs over /tmp, /var/tmp, /dev/shm and /run, a fresh"
+            " mqueue, /proc with hidepid=invisible"
             if self.is_root
             else "not root: the host's /tmp and /dev/shm are shared",
         )

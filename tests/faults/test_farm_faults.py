@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from sandbox_core import Status
-from sandbox_core.isolation import pids_of_uid
+from sandbox_core.sweep import pids_of_uid
 from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
     Farm,

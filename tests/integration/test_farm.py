@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from producer.client import FarmClient
-from producer.settings import TASK_NAME
+from producer.protocol import TASK_NAME
 from sandbox_core import JobResult, Status
 from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401

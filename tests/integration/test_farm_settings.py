@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from producer.client import compact_spec
-from producer.settings import VISIBILITY_MARGIN_S, Settings, broker_config
+from producer.protocol import Settings, broker_config, margins
+from producer.protocol.margins import VISIBILITY_MARGIN_S
 from sandbox_core import defaults as d
 from sandbox_core import parse_spec
 
@@ -15,7 +16,7 @@ def test_visibility_timeout_is_derived_from_the_longest_job(monkeypatch) -> None
     settings = Settings()
     assert settings.visibility_timeout == d.TIMEOUT_S[1] + VISIBILITY_MARGIN_S
     # Celery's hard limit sits above the longest job and below the visibility timeout.
-    assert d.TIMEOUT_S[1] < settings.hard_time_limit_s < settings.visibility_timeout
+    assert d.TIMEOUT_S[1] < margins.WORKER_HARD_LIMIT_S < settings.visibility_timeout
     monkeypatch.setenv("SANDFARM_VISIBILITY_TIMEOUT_S", "7")
     short = Settings()
     assert short.visibility_timeout == 7

@@ -147,7 +147,7 @@ def test_another_jobs_workspace_is_invisible(backend):
     thread.start()
     try:
         time.sleep(1)
-        workspaces = sorted(slots.default_workspace_base().glob("slot-*/job-*/work"))
+        workspaces = sorted(slots.workspace_base().glob("slot-*/job-*/work"))
         assert workspaces, "the other job never started"
         probes = "".join(f"ls {w} 2>/dev/null && echo LISTED\n" for w in workspaces)
         places = "/tmp /workspace /dev/shm /.sandfarm /etc /var"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_core import Status, get_backend, parse_spec
-from sandbox_core.backends.docker import LABEL, reap_orphans
+from sandbox_core.backends.docker.containers import LABEL, reap_orphans
 from tests.conftest import require
 from tests.security.conftest import docker_status
 

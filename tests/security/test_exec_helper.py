@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from sandbox_core import get_backend, parse_spec
-from sandbox_core.isolation import native_helper
+from sandbox_core.childsetup import find_exec_helper
 from tests.conftest import require
 
 PROBE = """
@@ -20,27 +18,25 @@ echo cgroups=$(grep -c sandfarm /proc/self/cgroup)
 """
 
 
-def _probe(monkeypatch: pytest.MonkeyPatch, helper: str) -> dict[str, str]:
-    monkeypatch.setenv("SANDFARM_EXEC_HELPER", helper)
-    native_helper.cache_clear()
-    backend = get_backend("process")
+def _probe(helper: str) -> dict[str, str]:
+    backend = get_backend("process", exec_helper=helper)
     try:
         result = backend.run(parse_spec({"command": PROBE, "limits": {"memory_mb": 300}}))
     finally:
         backend.close()
-        native_helper.cache_clear()
     assert result.status == "succeeded", result
     return dict(
         item.split("=", 1) for line in result.steps[0].stdout.splitlines() for item in line.split()
     )
 
 
-def test_helper_and_python_setup_agree(monkeypatch, is_root):
-    helper = native_helper()
+def test_helper_and_python_setup_agree(is_root):
+    helper = find_exec_helper("auto")
     require(helper is not None, "sandfarm-exec is not built (make setup compiles it)")
     require(is_root, "the confinement under test needs root")
-    with_helper = _probe(monkeypatch, helper)
-    in_python = _probe(monkeypatch, "")
+    assert helper is not None
+    with_helper = _probe(helper)
+    in_python = _probe("")
     assert with_helper == in_python
     assert with_helper["uid"] != "0" and with_helper["groups"] == with_helper["uid"]
     assert with_helper["as"] == str(300 * 1024)  # KiB

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from sandbox_core import Status
-from sandbox_core.isolation import pids_of_uid, sweep_uid
+from sandbox_core.sweep import pids_of_uid, sweep_uid
 from tests.conftest import require
 
 PRELOAD_C = r"""

@@ -1,15 +1,16 @@
-"""Kernel primitives used between fork and exec: namespaces, rlimits, privilege drop.
+"""What a local sandbox step's child does between fork and exec: namespaces, mounts,
+rlimits, the privilege drop, the syscall filter.
 
-Everything here runs in the child (``preexec_fn``), so it must not take locks or start
+``ChildSetup`` is one description of that setup, run either by the compiled exec
+helper (``sandbox_core/native/sandfarm-exec.c``, from ``helper_argv``) or, where it is
+not built, in Python as a ``preexec_fn``. The Python side must not take locks or start
 threads; it only makes system calls.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import fcntl
-import functools
 import os
 import resource
 import shutil
@@ -17,11 +18,11 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sandbox_core import seccomp
-from sandbox_core.defaults import MIB
+from sandbox_core.defaults import EXEC_HELPER_AUTO, MIB
 from sandbox_core.models import Limits
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -36,7 +37,6 @@ _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x400
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _SIOCGIFFLAGS, _SIOCSIFFLAGS = 0x8913, 0x8914
 _IFF_UP = 0x1
 
@@ -56,9 +56,9 @@ def loopback_up() -> None:
 
 
 def private_tmp(size_mb: int) -> None:
-    """Private mount and IPC namespaces: tmpfs over SHARED_WRITABLE_DIRS and /run (its
-    unix sockets), a fresh mqueue, a /proc showing only the job's processes. Keep in step
-    with private_tmp() in native/sandfarm-exec.c."""
+    """Private mount and IPC namespaces: tmpfs over SHARED_WRITABLE_DIRS, a fresh mqueue,
+    a /proc showing only the job's processes. Keep in step with private_tmp() in
+    native/sandfarm-exec.c."""
     unshare(CLONE_NEWNS | CLONE_NEWIPC)
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     opts = f"size={size_mb}m,mode=1777"
@@ -95,6 +95,7 @@ def env_memfd(env: dict[str, str]) -> int:
 def bytes_memfd(name: str, data: bytes) -> int:
     fd = os.memfd_create(name, 0)  # not CLOEXEC: handed to the helper, which closes it
     os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
@@ -170,6 +171,18 @@ def rlimits_for(limits: Limits) -> list[tuple[int, int, int]]:
     ]
 
 
+def find_exec_helper(configured: str) -> str | None:
+    """The sandfarm-exec to use: ``configured`` as a path, '' for none (Python child
+    setup), or 'auto': beside the running interpreter (make setup builds it into the
+    venv), else on PATH."""
+    if configured != EXEC_HELPER_AUTO:
+        return configured or None
+    beside = os.path.join(os.path.dirname(sys.executable), "sandfarm-exec")
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("sandfarm-exec")
+
+
 @dataclass(frozen=True)
 class ChildSetup:
     """What the child does before exec, in this order (the order matters)."""
@@ -207,12 +220,8 @@ class ChildSetup:
         for res, soft, hard in self.rlimits:
             argv += ["--rlimit", f"{res}:{soft}:{hard}"]
         if self.uid is not None:
-            argv += [
-                "--uid",
-                str(self.uid),
-                "--gid",
-                str(self.gid if self.gid is not None else self.uid),
-            ]
+            gid = self.gid if self.gid is not None else self.uid
+            argv += ["--uid", str(self.uid), "--gid", str(gid)]
         return [*argv, "--umask", f"{self.umask:o}", "--"]
 
     def __call__(self) -> None:
@@ -238,78 +247,3 @@ class ChildSetup:
         os.umask(self.umask)
         if self.seccomp is not None:
             seccomp.load(self.seccomp)
-
-
-def become_subreaper() -> None:
-    """Orphans of our jobs become our children, so we reap them at once; left to pid 1
-    (slow or absent in containers) their zombies count against the slot's process caps."""
-    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def reap_zombies_of(uid: int, limit: int = 100_000) -> int:
-    """Reap exited children that ran as ``uid``; stops at the first child of another uid."""
-    reaped = 0
-    while reaped < limit:
-        try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            break
-        if info is None or info.si_uid != uid:
-            break
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(info.si_pid, 0)
-        reaped += 1
-    return reaped
-
-
-@functools.cache
-def native_helper() -> str | None:
-    """The compiled sandfarm-exec (ops/build_native.sh), or None to use ChildSetup in
-    Python. SANDFARM_EXEC_HELPER overrides the lookup; set it empty to disable."""
-    configured = os.environ.get("SANDFARM_EXEC_HELPER")
-    if configured is not None:
-        return configured or None
-    beside = os.path.join(os.path.dirname(sys.executable), "sandfarm-exec")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("sandfarm-exec")
-
-
-def process_uids() -> dict[int, int]:
-    """pid -> real uid of every live process."""
-    return process_uids_of(int(e.name) for e in os.scandir("/proc") if e.name.isdigit())
-
-
-def process_uids_of(pids: Iterable[int]) -> dict[int, int]:
-    """pid -> real uid, from /proc/PID/status (the owner of /proc/PID itself is root while
-    a process is not dumpable); pids that are gone are left out."""
-    found: dict[int, int] = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status", "rb") as fh:
-                for line in fh:
-                    if line.startswith(b"Uid:"):
-                        found[pid] = int(line.split()[1])
-                        break
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def pids_of_uid(uid: int) -> list[int]:
-    """Live processes whose real uid is ``uid``."""
-    return [pid for pid, owner in process_uids().items() if owner == uid]
-
-
-def sweep_uid(uid: int, rounds: int = 50) -> bool:
-    """Kill every process running as ``uid`` (a slot uid), as root, by pid: nothing the
-    job runs can signal, stop or outwait the sweeper. True when none is left."""
-    for _ in range(rounds):  # a fork bomb races us; RLIMIT_NPROC bounds the race
-        pids = pids_of_uid(uid)
-        if not pids:
-            return True
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        reap_zombies_of(uid)
-    return not pids_of_uid(uid)

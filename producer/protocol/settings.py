@@ -1,22 +1,28 @@
 """Farm settings: every one has a default and a ``SANDFARM_<NAME>`` environment variable.
 
-Shared by the producer and the worker (the worker imports this module; the producer
-never imports worker code). ``Settings.table()`` renders the README table.
+The one place producer, worker and gateway read their configuration from; the backends
+get theirs as typed configs built here (``backend_config``), never from the environment.
+``Settings.table()`` renders the README table (a test keeps the two in step).
 """
 
 from __future__ import annotations
 
 from functools import cached_property
+from pathlib import Path
+from typing import Any
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from producer.protocol import margins
+from producer.protocol.keys import Keys
 from sandbox_core import defaults as d
-
-# Added to the farm's longest job so a message of a job still running is never
-# considered lost: slot wait + workspace setup + result storage fit in this margin.
-VISIBILITY_MARGIN_S = 300.0
-TASK_NAME = "sandfarm.execute"
+from sandbox_core.backends.config import (
+    BwrapConfig,
+    DockerConfig,
+    ProcessConfig,
+    backend_config,
+)
 
 
 class Settings(BaseSettings):
@@ -31,7 +37,7 @@ class Settings(BaseSettings):
         None,
         gt=0,
         description="seconds before an unacked job is redelivered; default: the longest"
-        f" job ({d.TIMEOUT_S[1]:g}s) + {VISIBILITY_MARGIN_S:g}s",
+        f" job ({margins.LONGEST_JOB_S:g}s) + {margins.VISIBILITY_MARGIN_S:g}s",
     )
     result_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="lifetime of results and job state")
     max_attempts: int = Field(
@@ -76,8 +82,18 @@ class Settings(BaseSettings):
     )
     task_events: bool = Field(True, description="workers send task events (Flower needs them)")
     flower_port: int = Field(5555, description="`sandfarm flower` port")
+    workspace_dir: Path | None = Field(
+        None,
+        description="where job workspaces live; default: /var/lib/sandfarm/work as root"
+        " (never under /run, which jobs do not see)",
+    )
+    exec_helper: str = Field(
+        d.EXEC_HELPER_AUTO,
+        description="local backends' sandfarm-exec: a path, `auto` (beside the interpreter,"
+        " else on PATH) or empty (Python child setup, slower)",
+    )
     docker_image: str = Field(
-        "sandfarm/sandbox:latest", description="docker backend: default (and allowed) image"
+        d.DOCKER_IMAGE, description="docker backend: default (and allowed) image"
     )
     docker_runtime: str = Field(
         "runc", description="docker backend: OCI runtime (`runsc` for gVisor)"
@@ -94,9 +110,7 @@ class Settings(BaseSettings):
 
     @property
     def visibility_timeout(self) -> float:
-        if self.visibility_timeout_s is not None:
-            return self.visibility_timeout_s
-        return d.TIMEOUT_S[1] + VISIBILITY_MARGIN_S
+        return margins.visibility_timeout(self.visibility_timeout_s)
 
     @property
     def restore_interval(self) -> float:
@@ -104,96 +118,46 @@ class Settings(BaseSettings):
             return self.restore_interval_s
         return min(10.0, max(1.0, self.visibility_timeout / 4))
 
-    @property
-    def hard_time_limit_s(self) -> float:
-        """Celery's hard limit: above the sandbox's own longest job, below visibility."""
-        return d.TIMEOUT_S[1] + VISIBILITY_MARGIN_S / 2
-
     @cached_property
     def keys(self) -> Keys:
         return Keys(self.key_prefix)
+
+    def backend_config(
+        self, name: str, *, slot: int | None = None, worker: str | None = None
+    ) -> ProcessConfig | BwrapConfig | DockerConfig:
+        """The typed config of backend ``name`` as these settings describe it."""
+        common: dict[str, Any] = {
+            "allow_weaker": self.allow_weaker,
+            "allow_network": self.allow_network,
+            "worker": worker,
+            "slot": slot,
+        }
+        if name == "docker":
+            return backend_config(
+                name,
+                **common,
+                image=self.docker_image,
+                runtime=self.docker_runtime,
+                warm_pool=self.docker_warm_pool,
+            )
+        return backend_config(
+            name, **common, workspace_dir=self.workspace_dir, exec_helper=self.exec_helper
+        )
+
+    @classmethod
+    def default_of(cls, name: str) -> object:
+        return cls.model_fields[name].default
 
     @classmethod
     def table(cls) -> str:
         """The settings as a Markdown table (for the README)."""
         rows = ["| variable | default | meaning |", "|---|---|---|"]
         for name, field in cls.model_fields.items():
-            default = "" if field.default is None else f"`{field.default}`"
+            default = "" if field.default in (None, "") else f"`{field.default}`"
             rows.append(f"| `SANDFARM_{name.upper()}` | {default} | {field.description} |")
         return "\n".join(rows)
 
 
-class Keys:
-    """Every Redis key sandfarm writes (the Celery broker keys are kombu's own)."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def job(self, job_id: str) -> str:  # submission state (idempotency), TTL
-        return f"{self.prefix}job:{job_id}"
-
-    def result(self, job_id: str) -> str:  # the bounded JobResult JSON, TTL, SET NX
-        return f"{self.prefix}result:{job_id}"
-
-    def attempts(self, job_id: str) -> str:  # deliveries so far, TTL
-        return f"{self.prefix}attempts:{job_id}"
-
-    def cancel(self, job_id: str) -> str:  # present: the client asked to cancel, TTL
-        return f"{self.prefix}cancel:{job_id}"
-
-    def running(self, job_id: str) -> str:  # present while a sandbox runs the job, TTL
-        return f"{self.prefix}running:{job_id}"
-
-    def done(self, client_id: str) -> str:  # ids completed for one client, TTL + capped
-        return f"{self.prefix}done:{client_id}"
-
-    @property
-    def duplicates(self) -> str:  # count of results a redelivery tried to store twice
-        return f"{self.prefix}stats:duplicates"
-
-    @property
-    def in_flight(self) -> str:  # sorted set job id -> start time, for `status`
-        return f"{self.prefix}inflight"
-
-    @property
-    def workers(self) -> str:  # hash worker name -> heartbeat JSON
-        return f"{self.prefix}workers"
-
-
-def broker_config(settings: Settings) -> dict[str, object]:
-    """The broker half of the Celery configuration: identical for producers and workers."""
-    return {
-        "broker_url": settings.redis_url,
-        # JSON only: a job is data, and pickle from a shared Redis would be code execution.
-        "task_serializer": "json",
-        "accept_content": ["json"],
-        "event_serializer": "json",
-        "result_accept_content": ["json"],
-        # We keep our own bounded JobResult keys with a TTL; Celery's result backend
-        # would store a second, unbounded copy per task and a key per task forever.
-        "result_backend": None,
-        "task_ignore_result": True,
-        "task_default_queue": settings.queue,
-        "broker_transport_options": {
-            # One value everywhere, longer than the longest job, or a running job is
-            # redelivered to a second worker.
-            "visibility_timeout": settings.visibility_timeout,
-            # Scan for messages of dead workers often enough for the visibility
-            # timeout to be what decides how soon they come back...
-            "unacked_restore_interval": settings.restore_interval,
-            # ...and really scan on each of those ticks (kombu's default skips 9 in 10).
-            "unacked_restore_throttle": 1,
-            # A Redis that vanishes without closing the socket must not hang a publish.
-            "socket_timeout": 30,
-            "socket_connect_timeout": 5,
-            "health_check_interval": 10,
-        },
-        # Keep retrying the broker forever, at startup too: a restarted Redis comes back.
-        "broker_connection_retry_on_startup": True,
-        "broker_connection_max_retries": None,
-    }
-
-
-def get_settings(**overrides: object) -> Settings:
+def get_settings(**overrides: Any) -> Settings:
     """Settings from the environment, with explicit (non-None) overrides on top."""
     return Settings(**{k: v for k, v in overrides.items() if v is not None})

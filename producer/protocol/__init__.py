@@ -1,0 +1,41 @@
+"""The farm contract: the one home of everything producer, worker and gateway share
+through Redis — settings, keys, the task name, typed records, Lua scripts, the Redis
+connection and its retry policy, time margins, the farm's errors.
+
+It imports only sandbox_core, pydantic and redis; the worker imports nothing else of
+``producer`` (tests/unit/test_layering.py reads the imports to keep it so).
+"""
+
+from __future__ import annotations
+
+from producer.protocol.broker import TASK_NAME, broker_config
+from producer.protocol.connection import connect
+from producer.protocol.errors import (
+    FarmError,
+    FarmUnavailableError,
+    InputChangedError,
+    SlotReservationError,
+)
+from producer.protocol.keys import KOMBU_UNACKED, Keys
+from producer.protocol.records import Heartbeat, JobState, MessageMeta, RunningRecord
+from producer.protocol.scripts import FarmScripts
+from producer.protocol.settings import Settings, get_settings
+
+__all__ = [
+    "KOMBU_UNACKED",
+    "TASK_NAME",
+    "FarmError",
+    "FarmScripts",
+    "FarmUnavailableError",
+    "Heartbeat",
+    "InputChangedError",
+    "JobState",
+    "Keys",
+    "MessageMeta",
+    "RunningRecord",
+    "Settings",
+    "SlotReservationError",
+    "broker_config",
+    "connect",
+    "get_settings",
+]

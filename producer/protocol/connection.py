@@ -1,0 +1,40 @@
+"""The one way the farm connects to Redis, with one retry policy.
+
+Patient clients (the SDK, the worker's task, the gateway) ride out a Redis restart of
+about a minute: a dropped connection or a timeout is retried with capped exponential
+backoff. Impatient ones (the reaper's heartbeat, a probe before a command) fail at once,
+so a loop that must keep sweeping never stalls on a missing broker.
+"""
+
+from __future__ import annotations
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+RETRY_BASE_S = 0.05
+RETRY_CAP_S = 2.0
+RETRIES = 40  # ~75 s of backoff in all: a Redis restart with AOF replay fits
+SOCKET_TIMEOUT_S = 30.0  # a Redis that vanishes without closing the socket
+CONNECT_TIMEOUT_S = 5.0
+HEALTH_CHECK_S = 10
+IMPATIENT_TIMEOUT_S = 2.0
+
+
+def connect(url: str, *, patient: bool = True) -> redis.Redis:
+    """A Redis client for ``url`` (redis://, rediss://, unix://)."""
+    if not patient:
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=IMPATIENT_TIMEOUT_S,
+            socket_connect_timeout=IMPATIENT_TIMEOUT_S,
+            retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries=0),
+        )
+    return redis.Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries=RETRIES),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        health_check_interval=HEALTH_CHECK_S,
+    )

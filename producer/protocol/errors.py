@@ -1,0 +1,36 @@
+"""The farm's errors, under sandfarm's one root (the tree is drawn in sandbox_core.errors)."""
+
+from __future__ import annotations
+
+from sandbox_core.errors import SandfarmError
+
+
+class FarmError(SandfarmError):
+    """The farm itself failed (not a job, not a spec)."""
+
+
+class FarmUnavailableError(FarmError, ConnectionError):
+    """Redis does not answer at ``url``; ``cause`` says why in plain words."""
+
+    def __init__(self, url: str, cause: str) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(f"no Redis answers at {url}: {cause}")
+
+
+class SlotReservationError(FarmError, RuntimeError):
+    """A worker found no block of ``size`` free sandbox slots on its host."""
+
+    def __init__(self, size: int, where: str) -> None:
+        self.size = size
+        self.where = where
+        super().__init__(f"no block of {size} free sandbox slots {where} on this host")
+
+
+class InputChangedError(FarmError, RuntimeError):
+    """A batch input line changed between validation and submission."""
+
+    def __init__(self, path: str, line: int) -> None:
+        self.path = path
+        self.line = line
+        super().__init__(f"{path}: line {line} changed during the batch run")

@@ -1,0 +1,45 @@
+"""Every time margin of the farm contract, each with its reason. All in seconds."""
+
+from __future__ import annotations
+
+from sandbox_core import defaults as d
+
+# The longest job the farm accepts (its wall clock, all steps together).
+LONGEST_JOB_S = d.TIMEOUT_S[1]
+
+# Added to the longest job for the broker's visibility timeout, so the message of a job
+# that still runs is never taken for lost: slot wait + workspace setup + storing fit.
+VISIBILITY_MARGIN_S = 300.0
+
+# Celery's own per-task limits sit above the sandbox's deadline, which kills its whole
+# tree; Celery's limits only catch a farm hang (the soft one first, then the hard one).
+SOFT_LIMIT_MARGIN_S = 60.0
+HARD_LIMIT_MARGIN_S = 90.0
+
+# The worker-wide hard limit: above the longest job, below the visibility timeout.
+WORKER_HARD_LIMIT_S = LONGEST_JOB_S + VISIBILITY_MARGIN_S / 2
+WORKER_SOFT_LIMIT_S = WORKER_HARD_LIMIT_S - 30.0
+
+# A job's running flag outlives its deadline by this much (slot wait, setup, storing), so
+# a killed pool process leaves no flag that claims a running job for long.
+RUNNING_MARGIN_S = 120.0
+
+# A worker's heartbeat is written every reaper interval; it counts as gone after this
+# many intervals without one (plus a fixed slack for a slow Redis), and its record
+# expires after HEARTBEAT_TTL_INTERVALS.
+HEARTBEAT_STALE_INTERVALS = 3
+HEARTBEAT_STALE_SLACK_S = 2.0
+HEARTBEAT_TTL_INTERVALS = 3
+HEARTBEAT_MIN_TTL_S = 10
+
+
+def visibility_timeout(configured: float | None) -> float:
+    return configured if configured is not None else LONGEST_JOB_S + VISIBILITY_MARGIN_S
+
+
+def heartbeat_stale_after(interval_s: float) -> float:
+    return HEARTBEAT_STALE_INTERVALS * interval_s + HEARTBEAT_STALE_SLACK_S
+
+
+def heartbeat_ttl(interval_s: float) -> int:
+    return max(int(HEARTBEAT_TTL_INTERVALS * interval_s), HEARTBEAT_MIN_TTL_S)

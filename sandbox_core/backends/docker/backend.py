@@ -1,0 +1,172 @@
+"""L3: one ephemeral container per job (Docker SDK), optionally taken from a warm pool.
+
+The engine is asked what it offers (version, runtimes, images) once per backend and
+again only after an engine error, never per job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from sandbox_core.backends.base import Backend, Protection
+from sandbox_core.backends.config import DockerConfig
+from sandbox_core.backends.docker.containers import (
+    JOB_USER,
+    Profile,
+    create_container,
+    owner_labels,
+    reap_orphans,
+    remove_container,
+)
+from sandbox_core.backends.docker.pool import Remover, WarmPool
+from sandbox_core.backends.docker.session import DockerSession
+from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
+from sandbox_core.models import JobSpec, Limits
+
+
+@dataclass(frozen=True)
+class EngineProbe:
+    """What the engine said when asked: its version, runtimes and local image tags."""
+
+    version: str
+    runtimes: tuple[str, ...]
+    images: frozenset[str]
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, config: DockerConfig) -> None:
+        super().__init__(config)
+        self.config = config
+        self.image = config.image
+        self.allowed_images = config.images
+        self.labels = owner_labels(config.worker)
+        self._pools: dict[Profile, WarmPool] = {}
+        self._remover = Remover(self._remove)
+        self._lock = threading.Lock()
+        self._probe: EngineProbe | None = None
+
+    @cached_property
+    def client(self) -> Any:
+        try:
+            import docker
+
+            client = docker.from_env(timeout=30)
+            client.ping()
+        except Exception as exc:  # the SDK raises several unrelated types here
+            raise BackendUnavailableError(f"no Docker engine answers: {exc}") from None
+        reap_orphans(client)
+        return client
+
+    # --- protections ----------------------------------------------------------------
+
+    def probe(self, fresh: bool = False) -> EngineProbe:
+        """The engine's answer, asked once (again with ``fresh``, after an engine error)."""
+        if self._probe is None or fresh:
+            info = self.client.info()
+            tags = {tag for image in self.client.images.list() for tag in image.tags if tag}
+            self._probe = EngineProbe(
+                version=str(info.get("ServerVersion")),
+                runtimes=tuple(sorted(info.get("Runtimes", {}))),
+                images=frozenset(tags),
+            )
+        return self._probe
+
+    def protections(self) -> list[Protection]:
+        try:
+            probe = self.probe()
+        except BackendUnavailableError as exc:
+            reason = str(exc)
+            return [
+                Protection(name, False, reason)
+                for name in ("tree_kill", "uid_isolation", "network_isolation")
+            ]
+        has_image = self.image in probe.images
+        runtime_ok = self.config.runtime in probe.runtimes
+        return [
+            Protection("engine", True, f"Docker {probe.version}"),
+            Protection(
+                "runtime",
+                runtime_ok,
+                f"{self.config.runtime} (engine has: {', '.join(probe.runtimes)})",
+            ),
+            Protection("image", has_image, f"{self.image}" + ("" if has_image else " missing")),
+            Protection("tree_kill", True, "container removed after every job"),
+            Protection("uid_isolation", True, f"job runs as uid {JOB_USER}, no capabilities"),
+            Protection("network_isolation", True, "network none"),
+            Protection("filesystem_isolation", True, "read-only image, tmpfs workspace"),
+            Protection("seccomp", True, "Docker's default profile, no-new-privileges"),
+        ]
+
+    def check(self, spec: JobSpec) -> None:
+        super().check(spec)
+        image = spec.image or self.image
+        if image not in self.allowed_images:
+            raise ProtectionUnavailableError(
+                "image", f"{image!r} is not in the allowed images {list(self.allowed_images)}"
+            )
+        self.client  # noqa: B018 - raises BackendUnavailableError when no engine answers
+
+    # --- containers -----------------------------------------------------------------
+
+    def create(self, profile: Profile, job_id: str | None = None) -> str:
+        labels = {**self.labels, "sandfarm.job": job_id or "-"}
+        try:
+            return create_container(self.client, self.config, profile, labels)
+        except Exception:
+            self._probe = None  # the engine changed under us (image, runtime): ask again
+            raise
+
+    def _remove(self, container_id: str) -> None:
+        remove_container(self.client, container_id)
+
+    def take_container(self, profile: Profile, job_id: str | None) -> str:
+        if self.config.warm_pool > 0 and profile == self.default_profile:
+            container = self._pool(profile).take()
+            if container is not None:
+                return container
+        return self.create(profile, job_id)
+
+    @cached_property
+    def default_profile(self) -> Profile:
+        return Profile.for_job(self.image, Limits())
+
+    def _pool(self, profile: Profile) -> WarmPool:
+        with self._lock:
+            if profile not in self._pools:
+                self._pools[profile] = WarmPool(
+                    profile, self.config.warm_pool, lambda p: self.create(p, "pool"), self._remove
+                )
+            return self._pools[profile]
+
+    def start_pool(self, wait_s: float = 0.0) -> bool:
+        """Fill the warm pool of the default profile now (else on first use); with
+        ``wait_s``, wait until it is full. True when the pool is full."""
+        if self.config.warm_pool <= 0:
+            return False
+        pool = self._pool(self.default_profile)
+        return pool.wait_ready(wait_s) if wait_s else False
+
+    def remove_later(self, container_id: str) -> None:
+        """Remove off the job's critical path; close() waits for every removal."""
+        self._remover.later(container_id)
+
+    def close(self) -> None:
+        for pool in list(self._pools.values()):
+            pool.close()
+        self._remover.close()
+
+    @contextlib.contextmanager
+    def open_session(self, spec: JobSpec) -> Iterator[DockerSession]:
+        profile = Profile.for_job(spec.image or self.image, spec.limits)
+        session = DockerSession(self, spec, self.take_container(profile, spec.id))
+        try:
+            yield session
+        finally:
+            session.close()

@@ -1,0 +1,39 @@
+"""A container's cgroup files as the host sees them: its pids and its OOM-kill count.
+
+Read on the host, as root: nothing inside the container can fake or hide them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from sandbox_core.cgroups import CGROUP_ROOT, oom_file, read_oom_kills
+
+
+class ContainerCgroup:
+    def __init__(self, container_id: str) -> None:
+        self.id = container_id
+
+    def _files(self, controller: str, v1_name: str, v2_name: str) -> Iterator[Path]:
+        """Where the engine may have put the file (cgroupfs or systemd driver, v1 or v2)."""
+        cid = self.id
+        yield CGROUP_ROOT / controller / "docker" / cid / v1_name
+        yield CGROUP_ROOT / controller / "system.slice" / f"docker-{cid}.scope" / v1_name
+        yield CGROUP_ROOT / "system.slice" / f"docker-{cid}.scope" / v2_name
+        yield CGROUP_ROOT / "docker" / cid / v2_name
+
+    def pids(self) -> list[int] | None:
+        """Host pids in the container, or None where its cgroup is not found."""
+        for path in self._files("pids", "cgroup.procs", "cgroup.procs"):
+            with contextlib.suppress(OSError):
+                return [int(pid) for pid in path.read_text().split()]
+        return None
+
+    def oom_kills(self) -> int:
+        """The container's memory cgroup OOM-kill count."""
+        for path in self._files("memory", oom_file(v2=False), oom_file(v2=True)):
+            if path.exists():
+                return read_oom_kills(path)
+        return 0

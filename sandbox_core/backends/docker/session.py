@@ -1,0 +1,231 @@
+"""One job's container: each step a `docker exec` supervised like a host process, files
+through bounded helper commands, leftovers swept from the host between steps."""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from sandbox_core import defaults as d
+from sandbox_core.backends.base import Session
+from sandbox_core.backends.docker.containers import JOB_UID, JOB_USER, SCRIPTS, WORKSPACE
+from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
+from sandbox_core.backends.docker.stream import FrameDemux
+from sandbox_core.backends.docker.transfer import FileTransfer
+from sandbox_core.backends.steps import clean_environment, inline_argv, script_argv, source_of
+from sandbox_core.models import CollectedFile, ExecStep, JobSpec, Limits
+from sandbox_core.output import HeadTailBuffer
+from sandbox_core.runner import ExecOutcome, Supervisor, signal_from_init_status
+from sandbox_core.sweep import kill_until_gone, process_uids_of
+
+if TYPE_CHECKING:
+    from sandbox_core.backends.docker.backend import DockerBackend
+
+# Kill every process of the job's uid except this shell itself: the keeper runs as
+# another uid, so the container survives for the next step.
+_KILL_JOB_PROCESSES = "kill -9 -1 2>/dev/null; true"
+# How often a running exec's state is asked for (a runtime may hold the stream open
+# while a leftover holds the pipe: gVisor).
+_EXEC_POLL_S = 0.25
+_HELPER_DEADLINE_S = 60.0
+
+
+class DockerSession(Session):
+    def __init__(self, backend: DockerBackend, spec: JobSpec, container_id: str) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.id = container_id
+        self.api: Any = backend.client.api
+        self.cgroup = ContainerCgroup(container_id)
+        self.files = FileTransfer(self._helper)
+        self.dead = False
+        self.dirty = False  # a step ran since the last sweep
+
+    # --- exec plumbing --------------------------------------------------------------
+
+    def _exec(
+        self,
+        argv: list[str],
+        *,
+        stdin: bytes | None,
+        limits: Limits,
+        deadline: float,
+        cancel: threading.Event | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecOutcome:
+        out = ExecOutcome.for_limits(limits)
+        started = time.monotonic()
+        exec_id = self.api.exec_create(
+            self.id,
+            argv,
+            stdin=stdin is not None,
+            user=JOB_USER,
+            workdir=WORKSPACE,
+            environment=env,
+        )["Id"]
+        raw = self.api.exec_start(exec_id, socket=True)._sock
+        # The container is killed after the stream is shut (see below), never from
+        # inside the loop; leftovers of a step that exited are swept before the next.
+        supervisor = Supervisor(
+            out, limits, deadline, cancel, lambda: None, lambda: None, kill_drain_s=0.0
+        )
+        try:
+            if stdin is not None:
+                with contextlib.suppress(OSError):
+                    raw.sendall(stdin)
+                with contextlib.suppress(OSError):
+                    raw.shutdown(socket.SHUT_WR)
+            self._pump(raw, exec_id, out, supervisor)
+        finally:
+            # first: the engine blocks a kill for 10 s while our socket has unread output
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_RDWR)
+            raw.close()
+        if out.timed_out or out.flooded or out.cancelled:
+            self.kill()
+        out.duration_ms = (time.monotonic() - started) * 1000
+        code = None if self.dead else self._exit_code(exec_id)
+        if code is None:
+            out.signal = 9
+        else:
+            out.exit_code = code
+            signal_from_init_status(out)  # the engine reports signals as 128+n
+        return out
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        try:
+            code = self.api.exec_inspect(exec_id).get("ExitCode")
+        except Exception:  # the container died under the exec (OOM-killed keeper, ...)
+            self.dead = True
+            return None
+        return code if isinstance(code, int) else None
+
+    def _pump(
+        self, raw: socket.socket, exec_id: str, out: ExecOutcome, supervisor: Supervisor
+    ) -> None:
+        """Demultiplex the engine's framed stream into the two head+tail buffers until
+        the stream ends or the supervisor says stop. The exec's state is polled too, so
+        leftovers holding the stream open get EXIT_DRAIN_S, as on the host backends."""
+        sel = selectors.DefaultSelector()
+        sel.register(raw, selectors.EVENT_READ)
+        demux = FrameDemux()
+        streams = {1: out.stdout, 2: out.stderr}
+        next_poll = time.monotonic() + _EXEC_POLL_S
+        try:
+            while True:
+                now = time.monotonic()
+                if not supervisor.draining and now >= next_poll:
+                    next_poll = now + _EXEC_POLL_S
+                    with contextlib.suppress(Exception):
+                        if not self.api.exec_inspect(exec_id).get("Running", True):
+                            supervisor.exited()
+                wait = supervisor.next_wait(poll_s=max(0.0, next_poll - now))
+                if wait is None:
+                    return
+                if not sel.select(wait):
+                    continue
+                chunk = raw.recv(1 << 16)
+                if not chunk:
+                    return
+                for kind, payload in demux.feed(chunk):
+                    if kind in streams:
+                        supervisor.wrote(streams[kind], payload)
+        finally:
+            sel.close()
+
+    def _helper(self, argv: list[str], stdin: bytes | None = None, budget: int = d.MIB) -> bytes:
+        """Run a farm-side helper command as the job user; returns its stdout (bounded)."""
+        limits = Limits(output_bytes=min(max(budget, 64), d.OUTPUT_BYTES[1]), head_ratio=1.0)
+        deadline = time.monotonic() + _HELPER_DEADLINE_S
+        outcome = self._exec(argv, stdin=stdin, limits=limits, deadline=deadline)
+        if outcome.exit_code != 0:
+            raise OSError(
+                f"{argv[0]} in the container failed: {outcome.stderr.text()[-300:].strip()}"
+            )
+        return outcome.stdout.head
+
+    # --- Session --------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead
+
+    def write_file(self, path: str, content: bytes) -> None:
+        self.files.put({path: content})
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        if files:
+            self.files.put(files)  # one tar stream, one exec
+
+    def _sweep(self) -> None:
+        """Kill what the last step left running before the farm touches the files.
+
+        From the host, as root, by pid (the container's cgroup, the job's uid): inside the
+        container a leftover of the same uid could kill the sweeper itself."""
+        if self.dirty and not self.dead:
+            if self.cgroup.pids() is None:  # unknown cgroup layout: from inside, as the job
+                self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
+            else:
+                kill_until_gone(self._job_pids)
+        self.dirty = False
+
+    def _job_pids(self) -> list[int]:
+        found = process_uids_of(self.cgroup.pids() or [])
+        return [pid for pid, uid in found.items() if uid == JOB_UID]
+
+    def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
+        self._sweep()
+        self.files.read_into(path, buffer)
+
+    def collect(self, patterns: list[str]) -> tuple[list[CollectedFile], int]:
+        if not patterns or self.dead:
+            return [], 0
+        self._sweep()
+        return self.files.collect(patterns)
+
+    def exec(
+        self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
+    ) -> ExecOutcome:
+        if self.dead:
+            raise OSError("the container is gone")
+        self._sweep()  # nothing a step started outlives it, as on every backend
+        self.dirty = True
+        argv = inline_argv(step, "python3")  # saves an exec per step
+        if argv is None:  # past the kernel's per-argument limit: through a file
+            self.files.put({f".sandfarm/step-{index}": source_of(step).encode()}, root="/tmp")
+            argv = script_argv(step, "python3", f"{SCRIPTS}/step-{index}")
+        if step.stdin is not None:
+            argv = ["sh", "-c", 'exec "$@" < /dev/stdin', "sh", *argv]
+        env = clean_environment(WORKSPACE, "/tmp", self.spec.env, from_host=())
+        ooms_before = self.cgroup.oom_kills()
+        outcome = self._exec(
+            argv,
+            stdin=step.stdin.encode() if step.stdin is not None else None,
+            limits=self.spec.limits,
+            deadline=deadline,
+            cancel=cancel,
+            env=env,
+        )
+        outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
+        return outcome
+
+    def _oom_killed(self) -> bool:
+        if not self.dead:
+            return False
+        with contextlib.suppress(Exception):
+            return bool(self.api.inspect_container(self.id)["State"].get("OOMKilled"))
+        return False
+
+    def kill(self) -> None:
+        """End the job now: the container and everything in it."""
+        self.dead = True
+        with contextlib.suppress(Exception):
+            self.api.kill(self.id)
+
+    def close(self) -> None:
+        self.dead = True
+        self.backend.remove_later(self.id)

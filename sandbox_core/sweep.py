@@ -1,0 +1,89 @@
+"""The parent's side of a sandbox: finding, killing and reaping what a job left running.
+
+Everything here runs in the worker (as root where slots have their own uids), by pid:
+nothing a job runs can signal, stop or outwait the sweeper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from collections.abc import Callable, Iterable
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Orphans of our jobs become our children, so we reap them at once; left to pid 1
+    (slow or absent in containers) their zombies count against the slot's process caps."""
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_zombies_of(uid: int, limit: int = 100_000) -> int:
+    """Reap exited children that ran as ``uid``; stops at the first child of another uid."""
+    reaped = 0
+    while reaped < limit:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            break
+        if info is None or info.si_uid != uid:
+            break
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
+        reaped += 1
+    return reaped
+
+
+def process_uids() -> dict[int, int]:
+    """pid -> real uid of every live process."""
+    return process_uids_of(int(e.name) for e in os.scandir("/proc") if e.name.isdigit())
+
+
+def process_uids_of(pids: Iterable[int]) -> dict[int, int]:
+    """pid -> real uid, from /proc/PID/status (the owner of /proc/PID itself is root while
+    a process is not dumpable); pids that are gone are left out."""
+    found: dict[int, int] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Uid:"):
+                        found[pid] = int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Live processes whose real uid is ``uid``."""
+    return [pid for pid, owner in process_uids().items() if owner == uid]
+
+
+def kill_until_gone(
+    find: Callable[[], list[int]], rounds: int = 50, after: Callable[[], object] | None = None
+) -> bool:
+    """SIGKILL whatever ``find`` lists until it lists nothing; True when none is left.
+
+    A fork bomb races the sweep; the job's process cap bounds the race, ``rounds`` the
+    time. ``after`` runs after each round (reaping zombies that would otherwise stay).
+    """
+    for _ in range(rounds):
+        pids = find()
+        if not pids:
+            return True
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if after is not None:
+            after()
+    return not find()
+
+
+def sweep_uid(uid: int, rounds: int = 50) -> bool:
+    """Kill every process running as ``uid`` (a slot uid); True when none is left."""
+    return kill_until_gone(lambda: pids_of_uid(uid), rounds, lambda: reap_zombies_of(uid))
