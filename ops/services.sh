@@ -7,13 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 log() { echo "[services] $*" >&2; }
 
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  # With an append-only file, so a restarted Redis keeps the queued jobs.
-  dir=/var/lib/sandfarm/redis
-  [ "$(id -u)" = 0 ] || dir=${TMPDIR:-/tmp}/sandfarm-redis
-  mkdir -p "$dir"
-  log "starting redis-server on 127.0.0.1:6379 (AOF in $dir)"
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly yes \
-    --appendfsync everysec --dir "$dir" --logfile "$dir/redis.log"
+  "$here/start_redis.sh" 6379
 fi
 if [ "$(id -u)" = 0 ] && [ -x "$here/install_docker.sh" ] && [ "${SANDFARM_SKIP_DOCKER:-0}" != 1 ]; then
   "$here/install_docker.sh"

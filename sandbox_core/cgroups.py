@@ -1,4 +1,5 @@
-"""Per-job cgroups: whole-tree kill (v2 cgroup.kill or v1 freezer) and memory/pids caps.
+"""Per-job cgroups: whole-tree kill (v2 cgroup.kill or v1 freezer), memory/pids/CPU caps,
+and the kernel's own counts of OOM kills and CPU time.
 
 Works on pure cgroup v2, hybrid (v1 controllers + an empty v2 tree, as on this farm's
 hosts) and pure v1. Job groups nest under the worker's own cgroup in each hierarchy,
@@ -16,6 +17,7 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT_NAME = "sandfarm"
+CPU_PERIOD_US = 100_000  # the CFS period the CPU quota is a share of
 
 
 @dataclass(frozen=True)
@@ -28,12 +30,15 @@ class CgroupLayout:
     memory_v2: bool = False
     pids: Path | None = None
     pids_v2: bool = False
+    cpu: Path | None = None  # the CPU cap: v2 cpu.max, v1 cpu.cfs_quota_us
+    cpu_v2: bool = False
+    cpuacct: Path | None = None  # CPU time used: v2 cpu.stat, v1 cpuacct.usage
     problems: tuple[str, ...] = ()
 
     @property
     def bases(self) -> list[Path]:
         """Every parent directory in use, one per hierarchy (a path may serve several)."""
-        found = [self.kill_v2, self.freezer_v1, self.memory, self.pids]
+        found = [self.kill_v2, self.freezer_v1, self.memory, self.pids, self.cpu, self.cpuacct]
         return list(dict.fromkeys(p for p in found if p is not None))
 
     @property
@@ -74,7 +79,7 @@ def detect() -> CgroupLayout:
             return CgroupLayout(problems=tuple(problems))
         available = (parent.parent / "cgroup.controllers").read_text().split()
         enabled = []
-        for ctrl in ("memory", "pids"):
+        for ctrl in ("memory", "pids", "cpu"):
             if ctrl in available:
                 with contextlib.suppress(OSError):
                     (parent / "cgroup.subtree_control").write_text(f"+{ctrl}")
@@ -85,6 +90,9 @@ def detect() -> CgroupLayout:
             memory_v2=True,
             pids=parent if "pids" in enabled else None,
             pids_v2=True,
+            cpu=parent if "cpu" in enabled else None,
+            cpu_v2=True,
+            cpuacct=parent,  # cpu.stat's usage_usec is there without the cpu controller
             problems=tuple(problems),
         )
     kill_v2 = None
@@ -95,7 +103,7 @@ def detect() -> CgroupLayout:
             kill_v2 = candidate
 
     def v1(ctrl: str) -> Path | None:
-        mount = CGROUP_ROOT / ctrl
+        mount = (CGROUP_ROOT / ctrl).resolve()  # cpu and cpuacct may be one "cpu,cpuacct"
         if not (mount / "cgroup.procs").exists():
             problems.append(f"no cgroup v1 {ctrl} hierarchy")
             return None
@@ -106,6 +114,8 @@ def detect() -> CgroupLayout:
         freezer_v1=None if kill_v2 else v1("freezer"),
         memory=v1("memory"),
         pids=v1("pids"),
+        cpu=v1("cpu"),
+        cpuacct=v1("cpuacct"),
         problems=tuple(problems),
     )
 
@@ -129,10 +139,12 @@ class JobCgroup:
     name: str
     layout: CgroupLayout
     dirs: list[Path] = field(default_factory=list)
-    _limits: tuple[int, int] | None = None  # what set_limits last wrote
+    _limits: tuple[int, int, float | None] | None = None  # what set_limits last wrote
 
     @classmethod
-    def create(cls, name: str, memory_bytes: int, pids_max: int) -> JobCgroup:
+    def create(
+        cls, name: str, memory_bytes: int, pids_max: int, cpus: float | None = None
+    ) -> JobCgroup:
         layout = detect()
         group = cls(name, layout)
         try:
@@ -140,15 +152,16 @@ class JobCgroup:
                 path = base / name
                 path.mkdir(exist_ok=True)
                 group.dirs.append(path)
-            group.set_limits(memory_bytes, pids_max)
+            group.set_limits(memory_bytes, pids_max, cpus)
         except BaseException:
             group.remove()
             raise
         return group
 
-    def set_limits(self, memory_bytes: int, pids_max: int) -> None:
-        """(Re)set the caps; a slot's group is reused job after job with each job's limits."""
-        if self._limits == (memory_bytes, pids_max):
+    def set_limits(self, memory_bytes: int, pids_max: int, cpus: float | None = None) -> None:
+        """(Re)set the caps; a slot's group is reused job after job with each job's limits.
+        ``cpus``: CPU time per wall second (1.5 = one and a half cores); None: no cap."""
+        if self._limits == (memory_bytes, pids_max, cpus):
             return
         layout, name = self.layout, self.name
         if layout.memory is not None:
@@ -166,7 +179,31 @@ class JobCgroup:
                         (mem / file).write_text(str(memory_bytes))
         if layout.pids is not None:
             (layout.pids / name / "pids.max").write_text(str(pids_max))
-        self._limits = (memory_bytes, pids_max)
+        if layout.cpu is not None:
+            quota = "max" if cpus is None else str(max(1000, int(cpus * CPU_PERIOD_US)))
+            if layout.cpu_v2:
+                (layout.cpu / name / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            else:
+                (layout.cpu / name / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                v1_quota = "-1" if quota == "max" else quota
+                (layout.cpu / name / "cpu.cfs_quota_us").write_text(v1_quota)
+        self._limits = (memory_bytes, pids_max, cpus)
+
+    def cpu_ns(self) -> int:
+        """CPU time every process of this group has used so far, in nanoseconds (0 if the
+        host does not count it)."""
+        acct = self.layout.cpuacct
+        if acct is None:
+            return 0
+        with contextlib.suppress(OSError, ValueError):
+            if self.layout.cpu_v2:
+                for line in (acct / self.name / "cpu.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) * 1000
+            else:
+                return int((acct / self.name / "cpuacct.usage").read_text())
+        return 0
 
     @property
     def procs_files(self) -> list[str]:

@@ -10,8 +10,10 @@ threads; it only makes system calls.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
+import re
 import resource
 import shutil
 import signal
@@ -30,7 +32,8 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 0x4000, 0x40000
+_MNT_DETACH = 2
 # Host directories every uid may write, and /run (unix sockets of local services): a
 # job gets its own tmpfs over each, so nothing it leaves there outlives it or reaches
 # another slot, and no host socket is in reach.
@@ -71,6 +74,43 @@ def private_tmp(size_mb: int) -> None:
     if os.path.isdir("/dev/mqueue"):
         _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=invisible")
+
+
+def mount_devpts(target: str, max_ptys: int) -> None:
+    """A new devpts instance on ``target`` holding at most ``max_ptys`` ptys: the host's
+    pty table is one for everyone, and no rlimit or cgroup bounds a job's share of it."""
+    opts = f"newinstance,ptmxmode=0666,mode=0620,max={max_ptys}"
+    _mount("devpts", target, "devpts", _MS_NOSUID | _MS_NOEXEC, opts)
+
+
+def private_devpts(max_ptys: int) -> None:
+    """The job's own devpts over /dev/pts and /dev/ptmx. Keep in step with
+    private_devpts() in native/sandfarm-exec.c."""
+    mount_devpts("/dev/pts", max_ptys)
+    _mount("/dev/pts/ptmx", "/dev/ptmx", None, _MS_BIND)
+
+
+def hide_mounts(under: str, keep: str) -> None:
+    """Unmount, in this (private) mount namespace, every mount below ``under`` except
+    ``keep`` and its submounts: other jobs' workspaces would show in mountinfo."""
+
+    def inside(path: str, directory: str) -> bool:
+        return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        points = [_unescape(line.split(" ")[4]) for line in fh if line.count(" ") >= 4]
+    for point in reversed(points):
+        if not inside(point, under) or point == under or inside(point, keep):
+            continue
+        if _libc.umount2(point.encode("utf-8", "surrogateescape"), _MNT_DETACH) != 0:
+            err = ctypes.get_errno()
+            if err not in (errno.EINVAL, errno.ENOENT):
+                raise OSError(err, f"umount {point}: {os.strerror(err)}")
+
+
+def _unescape(field: str) -> str:
+    """mountinfo's octal escapes (\\040 for a space) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _mount(
@@ -159,10 +199,12 @@ def die_with_parent() -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def rlimits_for(limits: Limits) -> list[tuple[int, int, int]]:
-    """(resource, soft, hard) for a job; the hard CPU limit is one second above the soft."""
+def rlimits_for(limits: Limits, address_space: bool = True) -> list[tuple[int, int, int]]:
+    """(resource, soft, hard) for a job; the hard CPU limit is one second above the soft.
+    ``address_space``: also cap RLIMIT_AS at the memory limit (where no cgroup does)."""
+    memory = [(resource.RLIMIT_AS, limits.memory_mb * MIB, limits.memory_mb * MIB)]
     return [
-        (resource.RLIMIT_AS, limits.memory_mb * MIB, limits.memory_mb * MIB),
+        *(memory if address_space else []),
         (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
         (resource.RLIMIT_FSIZE, limits.file_size_mb * MIB, limits.file_size_mb * MIB),
         (resource.RLIMIT_NPROC, limits.processes, limits.processes),
@@ -192,6 +234,9 @@ class ChildSetup:
     net_as_root: bool = True
     netns_fd: int | None = None  # join this namespace instead of making one
     private_tmp_mb: int | None = None  # own /tmp, /var/tmp, /dev/shm, /run, /proc view
+    devpts_max: int | None = None  # own pty instance (needs private_tmp_mb)
+    hide_under: str | None = None  # unmount other mounts there (needs private_tmp_mb) ...
+    keep: str | None = None  # ... but this one (the job's own workspace)
     seccomp: bytes | None = None  # loaded last, just before exec
     rlimits: Sequence[tuple[int, int, int]] = ()
     uid: int | None = None
@@ -213,6 +258,10 @@ class ChildSetup:
             argv += ["--seccomp-fd", str(seccomp_fd)]
         if self.private_tmp_mb is not None:
             argv += ["--private-tmp", str(self.private_tmp_mb)]
+            if self.devpts_max is not None:
+                argv += ["--devpts", str(self.devpts_max)]
+            if self.hide_under is not None and self.keep is not None:
+                argv += ["--hide-under", self.hide_under, "--keep", self.keep]
         for path in self.cgroup_procs:
             argv += ["--cgroup", path]
         if self.netns_fd is not None:
@@ -235,6 +284,10 @@ class ChildSetup:
             private_network(self.net_as_root)
         if self.private_tmp_mb is not None:
             private_tmp(self.private_tmp_mb)
+            if self.devpts_max is not None:
+                private_devpts(self.devpts_max)
+            if self.hide_under is not None and self.keep is not None:
+                hide_mounts(self.hide_under, self.keep)
         for res, soft, hard in self.rlimits:
             resource.setrlimit(res, (soft, hard))
         if self.uid is not None:

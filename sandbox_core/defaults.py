@@ -20,6 +20,8 @@ OUTPUT_BYTES = (64 * KIB, 4 * MIB)  # head + tail kept per stream per step
 HEAD_RATIO = 0.5  # share of OUTPUT_BYTES given to the head
 FLOOD_KILL_BYTES = (64 * MIB, 8 * GIB)  # a step writing more than this (both streams) is killed
 WORKSPACE_MB = (256, 8192)  # tmpfs size of the workspace where the backend can mount one
+CPUS = (1.0, 64.0)  # CPU time per wall second (cores) for all the job's processes together
+PTYS = (16, 256)  # pseudo-terminals the job may hold at once (its own devpts instance)
 
 # Spec size caps: keep one job's spec and result small enough for Redis.
 MAX_STEPS = 128
@@ -46,6 +48,9 @@ MAX_RESULT_BYTES = 32 * MIB
 # Process backend: slot i runs as uid/gid SLOT_UID_BASE + i when the worker is root.
 SLOT_UID_BASE = 61000
 MAX_SLOTS = 256
+# The Docker backend's keeper process (holds a container open between steps): a uid of
+# its own, so no job (a slot uid) can signal it. Like the slot uids, no host account.
+KEEPER_UID = SLOT_UID_BASE - 1
 # After the main process of a step exits, how long daemonised leftovers may keep
 # writing before the step's process tree is killed.
 EXIT_DRAIN_S = 0.2

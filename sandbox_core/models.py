@@ -133,6 +133,8 @@ class Limits(_Strict):
     flood_kill_bytes: int = Field(d.FLOOD_KILL_BYTES[0], ge=1024, le=d.FLOOD_KILL_BYTES[1])
     network: bool = False
     workspace_mb: int = Field(d.WORKSPACE_MB[0], ge=1, le=d.WORKSPACE_MB[1])
+    cpus: float = Field(d.CPUS[0], ge=0.05, le=d.CPUS[1])
+    ptys: int = Field(d.PTYS[0], ge=1, le=d.PTYS[1])
 
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")

@@ -1,8 +1,65 @@
-"""Head + tail bounded capture of a byte stream, in O(budget) memory."""
+"""Head + tail bounded capture of a byte stream, in O(budget) memory, and its text
+bounded as it will be serialised: a control byte costs 6 bytes of JSON (``\\u00XX``), so
+a budget of raw bytes alone would let a result grow sixfold."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
 REPLACEMENT = "\ufffd"
+
+
+def json_size(text: str) -> int:
+    """Bytes ``text`` takes inside a JSON document (pydantic escapes as json.dumps does)."""
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def _longest(fits: Callable[[int], bool], upper: int) -> int:
+    """The largest n in 0..upper with fits(n) (fits is monotone: true, then false)."""
+    low, high = 0, upper
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _head_size(data: bytes) -> int:
+    """What a head of ``data`` serialises to (a cut character becomes one U+FFFD)."""
+    return json_size(data[: _complete_prefix_length(data)].decode("utf-8", "replace"))
+
+
+def _tail_size(data: bytes) -> int:
+    """What a tail of ``data`` serialises to (a cut character becomes one U+FFFD)."""
+    return json_size(data[_leading_continuations(data) :].decode("utf-8", "replace"))
+
+
+def fit_prefix(data: bytes, budget: int) -> bytes:
+    """The longest prefix of ``data`` whose text serialises in ``budget`` bytes."""
+    if _head_size(data) <= budget:
+        return data
+    return data[: _longest(lambda n: _head_size(data[:n]) <= budget, min(len(data), budget))]
+
+
+def fit_suffix(data: bytes, budget: int) -> bytes:
+    """The longest suffix of ``data`` whose text serialises in ``budget`` bytes."""
+    if _tail_size(data) <= budget:
+        return data
+    size = len(data)
+    keep = _longest(lambda n: _tail_size(data[size - n :]) <= budget, min(size, budget))
+    return data[size - keep :] if keep else b""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A stream's kept text, and whether anything of the stream is missing from it."""
+
+    text: str
+    truncated: bool
 
 
 def _utf8_length(lead: int) -> int:
@@ -87,14 +144,30 @@ class HeadTailBuffer:
         return self.omitted > 0
 
     def text(self) -> str:
-        """The kept bytes as text: invalid UTF-8 replaced, at most one U+FFFD at each cut."""
+        return self.render().text
+
+    def render(self) -> Rendered:
+        """The kept bytes as text that serialises within the budget (head and tail each
+        within their share); invalid UTF-8 replaced, at most one U+FFFD at each cut."""
         head, tail = self.head, self.tail
         if not self.truncated:
-            return (head + tail).decode("utf-8", "replace")
-        keep = _complete_prefix_length(head)
-        head_text = head[:keep].decode("utf-8", "replace") + (
-            REPLACEMENT if keep < len(head) else ""
-        )
-        skip = _leading_continuations(tail)
-        tail_text = (REPLACEMENT if skip else "") + tail[skip:].decode("utf-8", "replace")
-        return f"{head_text}\n[... {self.omitted} bytes omitted ...]\n{tail_text}"
+            whole = head + tail
+            text = whole.decode("utf-8", "replace")
+            if json_size(text) <= self.head_limit + self.tail_limit:
+                return Rendered(text, False)
+            head = fit_prefix(whole[: self.head_limit], self.head_limit)
+            tail = fit_suffix(whole[self.head_limit :], self.tail_limit)
+        else:
+            head = fit_prefix(head, self.head_limit)
+            tail = fit_suffix(tail, self.tail_limit)
+        omitted = self.total - len(head) - len(tail)
+        return Rendered(_cut_text(head, tail, omitted), True)
+
+
+def _cut_text(head: bytes, tail: bytes, omitted: int) -> str:
+    """Head and tail around the omission marker, cut cleanly at character boundaries."""
+    keep = _complete_prefix_length(head)
+    head_text = head[:keep].decode("utf-8", "replace") + (REPLACEMENT if keep < len(head) else "")
+    skip = _leading_continuations(tail)
+    tail_text = (REPLACEMENT if skip else "") + tail[skip:].decode("utf-8", "replace")
+    return f"{head_text}\n[... {omitted} bytes omitted ...]\n{tail_text}"

@@ -135,6 +135,27 @@ def signal_from_init_status(out: ExecOutcome) -> None:
         out.exit_code, out.signal = None, code - 128
 
 
+def apply_init_record(out: ExecOutcome, record: bytes) -> bool:
+    """Take the job's real wait status and resource use from our init's record
+    (``status=N cpu_us=N maxrss_kb=N``, see sandfarm-exec --init); False if none came."""
+    fields = dict(
+        item.split("=", 1) for item in record.decode(errors="replace").split() if "=" in item
+    )
+    try:
+        status = int(fields["status"])
+        cpu_us, maxrss = int(fields["cpu_us"]), int(fields["maxrss_kb"])
+    except (KeyError, ValueError):
+        return False
+    if status < 0:
+        return False
+    if os.WIFSIGNALED(status):
+        out.exit_code, out.signal = None, os.WTERMSIG(status)
+    else:
+        out.exit_code, out.signal = os.WEXITSTATUS(status), None
+    out.cpu_ms, out.max_rss_kb = cpu_us / 1000, maxrss
+    return True
+
+
 def _capped(wait: float, cap: float | None) -> float:
     return max(0.0, wait if cap is None else min(wait, cap))
 

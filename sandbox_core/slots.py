@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import os
+import pwd
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from sandbox_core import cgroups
@@ -35,6 +40,19 @@ def slot_of_uid(uid: int) -> int | None:
     """The slot whose jobs run as ``uid``, or None for a uid outside the slot range."""
     index = uid - d.SLOT_UID_BASE
     return index if 0 <= index < d.MAX_SLOTS else None
+
+
+@cache
+def uid_range_problem() -> str | None:
+    """Why the slot uids (and the Docker keeper's) cannot be used here, or None: none of
+    them may be a host account, whose other processes would share the job's per-uid
+    kernel limits and could ptrace it."""
+    for uid in range(d.KEEPER_UID, d.SLOT_UID_BASE + d.MAX_SLOTS):
+        with contextlib.suppress(KeyError):
+            return f"uid {uid} is the host account {pwd.getpwuid(uid).pw_name!r}"
+        with contextlib.suppress(KeyError):
+            return f"gid {uid} is the host group {grp.getgrgid(uid).gr_name!r}"
+    return None
 
 
 def state_dir() -> Path:
@@ -138,3 +156,65 @@ def sweep(slot: Slot, workspace_dir: Path | None = None) -> None:
             unmount(str(leftover))
             with contextlib.suppress(OSError):
                 shutil.rmtree(leftover)
+
+
+class SlotPool:
+    """The slots one backend runs its sessions in.
+
+    With a fixed ``index`` (a worker's pool process) every backend of this process shares
+    the one slot, so a worker serving several backends never waits on itself; without one
+    (``sandfarm run``, tests) each concurrent session takes a free slot of its own.
+    """
+
+    def __init__(self, index: int | None, workspace_dir: Path | None) -> None:
+        self.index = index
+        self.workspace_dir = workspace_dir
+        self._idle: list[Slot] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[Slot]:
+        """A slot for one session: one this pool holds idle (cleaned by the last
+        session's close), or a newly locked one (swept of what its last holder left)."""
+        with self._lock:
+            slot = self._idle.pop() if self._idle else None
+        if slot is None:
+            slot = _shared(self.index, self.workspace_dir) if self.index is not None else None
+            slot = slot or acquire(None, workspace_dir=self.workspace_dir)
+        try:
+            yield slot
+        finally:
+            with self._lock:
+                self._idle.append(slot)
+
+    def close(self) -> None:
+        """Give back the slots this pool holds (a shared one when its last user is gone)."""
+        with self._lock:
+            held, self._idle = self._idle, []
+        for slot in held:
+            _unshare(slot)
+
+
+# Slots this process holds by index, shared by its backends: index -> (slot, users).
+_held: dict[int, tuple[Slot, int]] = {}
+_held_lock = threading.Lock()
+
+
+def _shared(index: int, workspace_dir: Path | None) -> Slot:
+    with _held_lock:
+        slot, users = _held.get(index, (None, 0))
+        if slot is None:
+            slot = acquire(index, workspace_dir=workspace_dir)
+        _held[index] = (slot, users + 1)
+        return slot
+
+
+def _unshare(slot: Slot) -> None:
+    with _held_lock:
+        held, users = _held.get(slot.index, (None, 0))
+        if held is slot and users > 1:
+            _held[slot.index] = (slot, users - 1)
+            return
+        if held is slot:
+            del _held[slot.index]
+    slot.release()

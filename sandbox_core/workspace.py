@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sandbox_core import defaults as d
 from sandbox_core.models import CollectedFile
-from sandbox_core.output import HeadTailBuffer, _complete_prefix_length
+from sandbox_core.output import HeadTailBuffer, _complete_prefix_length, json_size
 from sandbox_core.pathguard import resolve_inside
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -184,7 +184,7 @@ class Workspace:
                 continue
             with contextlib.suppress(OSError):
                 collected.append(self._read_collected(rel, min(max_file_bytes, budget)))
-                budget -= len(collected[-1].content)
+                budget -= json_size(collected[-1].content)
         return collected, omitted
 
     def _read_collected(self, rel: str, limit: int) -> CollectedFile:
@@ -198,13 +198,17 @@ class Workspace:
 
 
 def encode_collected(path: str, size: int, data: bytes, limit: int) -> CollectedFile:
-    """A collected file: text when it is UTF-8, else base64; at most ``limit`` bytes.
-    A name that is not UTF-8 (any bytes are legal on Linux) gets U+FFFD where it breaks."""
+    """A collected file whose content serialises in at most ``limit`` bytes: text when it
+    is UTF-8 and escapes little, else base64 (a file of control bytes would grow sixfold
+    as JSON text, base64 only by 4/3). A name that is not UTF-8 (any bytes are legal on
+    Linux) gets U+FFFD where it breaks."""
     path = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     data = data[:limit]
     truncated = size > len(data)
     try:
         text = data[: _complete_prefix_length(data)].decode() if truncated else data.decode()
+        if json_size(text) > limit:
+            raise UnicodeDecodeError("utf-8", data, 0, 1, "escapes past the budget")
         return CollectedFile(path=path, size=size, content=text, truncated=truncated)
     except UnicodeDecodeError:
         raw = data[: limit * 3 // 4]  # base64 grows by 4/3; stay inside the budget

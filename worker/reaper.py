@@ -30,6 +30,7 @@ import redis
 from producer.protocol import Heartbeat, Settings, connect, get_settings, margins
 from sandbox_core import defaults as d
 from sandbox_core import slots
+from sandbox_core.backends.docker.containers import WorkerAlive
 from sandbox_core.errors import SlotBusyError
 from sandbox_core.slots import slot_of_uid, slot_uid
 from sandbox_core.sweep import process_uids
@@ -76,8 +77,28 @@ def sweep_free(workspace_base: Path | None = None) -> list[int]:
 _docker: dict[str, Any] = {}
 
 
-def reap_containers() -> int:
-    """Remove sandbox containers whose owning (pool) process on this host is gone.
+def worker_judge(client: redis.Redis | None, settings: Settings) -> WorkerAlive | None:
+    """Judge farm workers by their heartbeats: alive while one is fresh, dead once it is
+    stale or gone, unknown while Redis does not answer (never a reason to remove)."""
+    if client is None:
+        return None
+    stale = margins.heartbeat_stale_after(settings.reaper_interval_s)
+
+    def alive(worker: str) -> bool | None:
+        try:
+            raw = client.hget(settings.keys.workers, worker)
+        except redis.RedisError:
+            return None
+        if raw is None:
+            return False
+        return time.time() - Heartbeat.model_validate_json(raw).ts <= stale
+
+    return alive
+
+
+def reap_containers(judge: WorkerAlive | None = None) -> int:
+    """Remove sandbox containers whose owner is known to be dead: a process of this pid
+    namespace that is gone, or (with ``judge``) a worker whose heartbeat stopped.
 
     A no-op where no Docker engine answers; the engine is looked up once.
     """
@@ -95,7 +116,7 @@ def reap_containers() -> int:
         return 0
     from sandbox_core.backends.docker import reap_orphans
 
-    return reap_orphans(client)
+    return reap_orphans(client, judge)
 
 
 def beat(client: redis.Redis, key: str, name: str, info: Heartbeat, ttl: int) -> None:
@@ -149,7 +170,7 @@ def _loop(
                     client.hdel(settings.keys.workers, name)
         try:
             sweep_free(settings.workspace_dir)
-            reap_containers()
+            reap_containers(worker_judge(client, settings))
         except Exception as exc:  # never let the reaper die of one bad slot
             print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
         if alive and client is not None:

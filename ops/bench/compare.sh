@@ -1,38 +1,48 @@
 #!/usr/bin/env bash
-# Run benchmarks of an earlier revision and of the working tree in one session, ABAB, so
-# both see the same machine: `ops/bench/compare.sh REV [BENCH...]`.
-#
-# REV is checked out as a git worktree under ${TMPDIR:-/tmp}; its own exec helper is
-# compiled there, and its code is put first on PYTHONPATH for its runs (the venv's
-# editable install points at the working tree). BENCH defaults to the sandbox overhead
-# benchmark; give e.g. "farm_throughput.py -n 1000" to compare another. Each run's
-# `ratio.*` lines are printed with the revision they belong to.
+# Run benchmarks of two revisions in one session, ABAB, so both see the same machine:
+#   ops/bench/compare.sh BEFORE AFTER [BENCH...]
+# BEFORE and AFTER are git revisions ("." for the working tree). Each is checked out as a
+# git worktree under ${TMPDIR:-/tmp} with its own exec helper, and each run starts in its
+# tree with that tree first on PYTHONPATH (the venv's editable install points at the
+# working tree; `python -m` puts the current directory first). BENCH defaults to the
+# sandbox overhead benchmark; give e.g. "farm_throughput.py -n 1000" for another. Every
+# output line is printed prefixed with the revision and round it belongs to.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rev=${1:?usage: ops/bench/compare.sh REV [BENCH...]}
-shift
+repo=$(pwd)
+before=${1:?usage: ops/bench/compare.sh BEFORE AFTER [BENCH...]}
+after=${2:?usage: ops/bench/compare.sh BEFORE AFTER [BENCH...]}
+shift 2
 benches=("$@")
 [ ${#benches[@]} -gt 0 ] || benches=("sandbox_overhead.py -n 100")
-python=.venv/bin/python
-base=${TMPDIR:-/tmp}/sandfarm-bench-$(git rev-parse --short "$rev")
-if [ ! -d "$base" ]; then
-  git worktree add --detach -f "$base" "$rev" >/dev/null
-fi
-helper="$base/sandfarm-exec"
-cc -O2 -o "$helper" "$base/sandbox_core/native/sandfarm-exec.c"
+python=$repo/.venv/bin/python
 
-run() {  # label, bench command...
-  local label=$1
-  shift
-  echo "## $label: $*"
-  "$@" | grep -E '^(ratio|share|enqueue|farm|bare)\.' | sed "s/^/$label /"
+tree_of() {  # revision -> directory with that revision and its compiled exec helper
+  local rev=$1 dir
+  if [ "$rev" = . ]; then
+    dir=$repo
+  else
+    dir=${TMPDIR:-/tmp}/sandfarm-bench-$(git rev-parse --short "$rev")
+    [ -d "$dir" ] || git worktree add --detach -f "$dir" "$rev" >/dev/null
+  fi
+  cc -O2 -o "$dir/.bench-sandfarm-exec" "$dir/sandbox_core/native/sandfarm-exec.c"
+  echo "$dir"
+}
+before_dir=$(tree_of "$before")
+after_dir=$(tree_of "$after")
+
+run() {  # label, tree, bench argv...
+  local label=$1 dir=$2
+  shift 2
+  echo "## $label ($dir): $*"
+  (cd "$dir" && PYTHONPATH="$dir" SANDFARM_EXEC_HELPER="$dir/.bench-sandfarm-exec" \
+    "$python" "ops/bench/$1" "${@:2}") 2>&1 | grep -vE '^\s*$' | sed "s/^/$label /"
 }
 
 for bench in "${benches[@]}"; do
   read -r -a argv <<<"$bench"
   for round in 1 2; do
-    run "before#$round" env PYTHONPATH="$base" SANDFARM_EXEC_HELPER="$helper" \
-      "$python" "$base/ops/bench/${argv[0]}" "${argv[@]:1}"
-    run "after#$round" "$python" "ops/bench/${argv[0]}" "${argv[@]:1}"
+    run "before#$round" "$before_dir" "${argv[@]}"
+    run "after#$round" "$after_dir" "${argv[@]}"
   done
 done

@@ -126,7 +126,7 @@ def main() -> None:
     warm.close()
     for name, values in samples.items():
         print(f"{name:12s} {percentiles(values)}")
-    llm = llm_sandbox(args.llm_sandbox_n)
+    llm = llm_sandbox(args.llm_sandbox_n) if args.llm_sandbox_n > 0 else "not run (-n 0)"
     if isinstance(llm, str):
         print(f"llm-sandbox  {llm}")
     else:

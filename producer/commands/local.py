@@ -62,22 +62,42 @@ def spec_from_options(
         fail(str(exc))
 
 
+# C0 and C1 control characters but newline and tab, shown escaped on a terminal: a job's
+# output must not move the cursor, erase lines or retitle the window.
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if c not in (9, 10)}
+
+
+def escape_controls(text: str, on_terminal: bool) -> str:
+    return text.translate(_CONTROLS) if on_terminal else text
+
+
+def terminal_safe(text: str, on_terminal: bool) -> str:
+    """Job output as the CLI shows it: on a terminal, control characters escaped and every
+    line indented, so no job can print a line that passes for the farm's own."""
+    if not on_terminal:
+        return text
+    return "".join(f"  | {line}" for line in text.translate(_CONTROLS).splitlines(True))
+
+
 def print_result(result: JobResult, as_json: bool) -> None:
     if as_json:
         click.echo(result.model_dump_json())
         return
+    out_tty, err_tty = sys.stdout.isatty(), sys.stderr.isatty()
     for index, step in enumerate(result.steps):
         head = f"--- step {index} {step.kind}: {step.status.value}"
         extra = f" exit={step.exit_code}" if step.exit_code is not None else ""
         extra += f" signal={step.signal}" if step.signal else ""
         click.echo(f"{head}{extra} ({step.duration_ms:.0f} ms)", err=True)
         if step.stdout:
-            click.echo(step.stdout, nl=not step.stdout.endswith("\n"))
+            stdout = terminal_safe(step.stdout, out_tty)
+            click.echo(stdout, nl=not stdout.endswith("\n"))
         if step.stderr:
-            click.echo(step.stderr, nl=not step.stderr.endswith("\n"), err=True)
+            stderr = terminal_safe(step.stderr, err_tty)
+            click.echo(stderr, nl=not stderr.endswith("\n"), err=True)
         if step.message:
-            click.echo(f"    {step.message}", err=True)
-    tail = f": {result.message}" if result.message else ""
+            click.echo(f"    {escape_controls(step.message, err_tty)}", err=True)
+    tail = f": {escape_controls(result.message, err_tty)}" if result.message else ""
     click.echo(f"=== {result.status.value}{tail}", err=True)
 
 

@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sandbox_core import defaults as d
 from sandbox_core.backends.config import CommonConfig
 from sandbox_core.errors import PolicyError, ProtectionUnavailableError, SandfarmError
 from sandbox_core.models import (
@@ -31,9 +32,6 @@ from sandbox_core.models import (
 )
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome
-
-# Text a runtime prints when an allocation fails under an address-space limit.
-_MEMORY_ERROR_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
 
 @dataclass(frozen=True)
@@ -163,7 +161,7 @@ class Backend(ABC):
             cpu_ms=sum(s.cpu_ms for s in result.steps),
             max_rss_kb=max((s.max_rss_kb for s in result.steps), default=0),
         )
-        return result
+        return bounded(result)
 
     def _run_steps(
         self,
@@ -218,16 +216,17 @@ class Backend(ABC):
         assert isinstance(step, BashStep | PythonStep)
         outcome = session.exec(step, index, deadline, cancel)
         status, message = classify(outcome, limits)
+        stdout, stderr = outcome.stdout.render(), outcome.stderr.render()
         return StepResult(
             kind=step.kind,
             status=status,
             exit_code=outcome.exit_code,
             signal=outcome.signal,
-            stdout=outcome.stdout.text(),
-            stderr=outcome.stderr.text(),
+            stdout=stdout.text,
+            stderr=stderr.text,
             stdout_bytes=outcome.stdout.total,
             stderr_bytes=outcome.stderr.total,
-            truncated=outcome.stdout.truncated or outcome.stderr.truncated,
+            truncated=stdout.truncated or stderr.truncated,
             duration_ms=outcome.duration_ms,
             message=message,
             cpu_ms=outcome.cpu_ms,
@@ -242,13 +241,14 @@ def _file_step(session: Session, step: WriteFileStep | ReadFileStep, limits: Lim
             return StepResult(kind=step.kind, status=StepStatus.SUCCEEDED, exit_code=0)
         buffer = HeadTailBuffer(limits.output_bytes, limits.head_ratio)
         session.read_into(step.path, buffer)
+        content = buffer.render()
         return StepResult(
             kind=step.kind,
             status=StepStatus.SUCCEEDED,
             exit_code=0,
-            stdout=buffer.text(),
+            stdout=content.text,
             stdout_bytes=buffer.total,
-            truncated=buffer.truncated,
+            truncated=content.truncated,
         )
     except (OSError, SandfarmError) as exc:
         reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
@@ -258,33 +258,61 @@ def _file_step(session: Session, step: WriteFileStep | ReadFileStep, limits: Lim
 
 
 def classify(outcome: ExecOutcome, limits: Limits) -> tuple[StepStatus, str | None]:
-    """Map what happened to a process onto the one status that describes it."""
+    """Map what happened to a process onto the one status that describes it.
+
+    Only what the farm or the kernel says counts (the farm's own deadline, flood and
+    cancel; the process's real wait status; the CPU time it used; the memory cgroup's
+    OOM kills), never anything the job chose: an exit code, a signal it sent itself
+    without using the CPU, or an error message it printed."""
     if outcome.cancelled:
         return StepStatus.CANCELLED, "cancelled"
     if outcome.flooded:
         return StepStatus.OUTPUT_FLOODED, f"wrote more than {limits.flood_kill_bytes} bytes"
     if outcome.timed_out:
         return StepStatus.TIMED_OUT, f"wall-clock limit of {limits.timeout_s:g}s reached"
-    if outcome.signal == signal.SIGXCPU or (
-        outcome.signal == signal.SIGKILL and outcome.cpu_ms >= limits.cpu_s * 1000
-    ):
+    # The kernel signals a process once its CPU time passes the limit, as counted in
+    # ticks; the time reported back may read a little under it.
+    cpu_spent = outcome.cpu_ms >= limits.cpu_s * 1000 * CPU_LIMIT_TOLERANCE
+    if outcome.signal in (signal.SIGXCPU, signal.SIGKILL) and cpu_spent:
         return StepStatus.TIMED_OUT, f"CPU limit of {limits.cpu_s}s reached"
     if outcome.exit_code == 0:
         return StepStatus.SUCCEEDED, None
     if outcome.memory_exceeded:
         return StepStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB reached"
     if outcome.exit_code is not None:
-        tail = outcome.stderr.last(4096).decode("utf-8", "replace")
-        if any(marker in tail for marker in _MEMORY_ERROR_MARKERS):
-            return StepStatus.MEMORY_EXCEEDED, f"allocation failed under {limits.memory_mb} MB"
         return StepStatus.FAILED, None
     try:
         name = signal.Signals(outcome.signal or 0).name
     except ValueError:  # real-time and unnamed signals
         name = f"signal {outcome.signal}"
     if outcome.signal == signal.SIGXFSZ:
-        return StepStatus.CRASHED, f"killed by {name}: file size limit of {limits.file_size_mb} MB"
+        return (
+            StepStatus.CRASHED,
+            f"killed by {name} (the file size limit is {limits.file_size_mb} MB)",
+        )
     return StepStatus.CRASHED, f"killed by {name}"
+
+
+CPU_LIMIT_TOLERANCE = 0.9
+
+
+def bounded(result: JobResult, limit: int = d.MAX_RESULT_BYTES) -> JobResult:
+    """The result within ``limit`` bytes as serialised. Each stream and file is bounded
+    as it serialises already; names, messages and many steps could still add up, so the
+    collected files go first, then the steps' output (the statuses always stay)."""
+    if len(result.model_dump_json()) <= limit:
+        return result
+    if result.files:
+        result.files_omitted += len(result.files)
+        result.files = []
+        result.message = (result.message or "") + " (collected files dropped: result bound)"
+        if len(result.model_dump_json()) <= limit:
+            return result
+    for step in result.steps:
+        omitted = len(step.stdout) + len(step.stderr)
+        step.stdout = step.stderr = f"[... {omitted} characters dropped: result bound ...]"
+        step.truncated = True
+    return result
 
 
 _SEVERITY = [

@@ -25,18 +25,21 @@ from sandbox_core.childsetup import (
 )
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec
 from sandbox_core.output import HeadTailBuffer
-from sandbox_core.runner import ExecOutcome, run_captured
+from sandbox_core.runner import ExecOutcome, apply_init_record, run_captured
+from sandbox_core.seccomp import job_filter
 from sandbox_core.sweep import become_subreaper, reap_zombies_of, sweep_uid
 from sandbox_core.workspace import Workspace
 
 
 @dataclass(frozen=True)
 class Launch:
-    """The program to exec, the environment it gets, and fds it reads (closed after)."""
+    """The program to exec, the environment it gets, fds it inherits (closed after), and
+    the read end of the pipe our init writes the job's real wait status to, if any."""
 
     argv: list[str]
     env: dict[str, str]
     fds: list[int] = field(default_factory=list)
+    status_fd: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class LocalSession(Session):
                 self.cgroup.set_limits(
                     memory_bytes=spec.limits.memory_mb * d.MIB,
                     pids_max=spec.limits.processes + backend.helper_processes,
+                    cpus=spec.limits.cpus,
                 )
         except BaseException:
             self.close()
@@ -102,6 +106,7 @@ class LocalSession(Session):
         argv = script_argv(step, self.backend.python, f"{self.paths.scripts}/step-{index}")
         limits = self.spec.limits
         ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
+        cpu_before = self.cgroup.cpu_ns() if self.cgroup else 0
         self.clean = False
         setup = self.backend.child_setup(self)
         launch = self.backend.wrap(self, argv, self.backend.environment(self))
@@ -139,7 +144,14 @@ class LocalSession(Session):
             self.clean = True
             if self.slot.uid is not None:
                 reap_zombies_of(self.slot.uid)
+            record = _read_all(launch.status_fd) if launch.status_fd is not None else None
+        if record:
+            # Our init's word on the job (else it was killed with the sandbox on a
+            # timeout, flood or cancel, or never started: the sandbox's own exit stands).
+            apply_init_record(outcome, record)
         outcome.memory_exceeded = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
+        if self.cgroup is not None:
+            outcome.cpu_ms = max(outcome.cpu_ms, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
         return outcome
 
     def close(self) -> None:
@@ -147,6 +159,20 @@ class LocalSession(Session):
             with contextlib.suppress(Exception):
                 self.kill_tree()
         self.ws.remove()
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything left in a pipe whose writers are all gone; closes it."""
+    chunks = []
+    try:
+        os.set_blocking(fd, False)
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 class LocalBackend(Backend):
@@ -158,47 +184,33 @@ class LocalBackend(Backend):
 
     def __init__(self, config: LocalConfig) -> None:
         super().__init__(config)
-        self.slot_index = config.slot
         self.workspace_dir = config.workspace_dir
         self.python = config.python
         self.exec_helper = find_exec_helper(config.exec_helper)
         self.is_root = os.geteuid() == 0
         if self.is_root:
             become_subreaper()
-        self._idle_slots: list[slots.Slot] = []
-        self._slots_lock = threading.Lock()
+        self.slots = slots.SlotPool(config.slot, config.workspace_dir)
 
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[LocalSession]:
-        slot = self._take_slot()
-        try:
+        with self.slots.borrow() as slot:
             session = self.session_class(self, spec, slot)
             try:
                 yield session
             finally:
                 session.close()
-        finally:
-            with self._slots_lock:
-                self._idle_slots.append(slot)
-
-    def _take_slot(self) -> slots.Slot:
-        """A slot this backend already holds (cleaned by the last session's close), or a
-        newly locked one (swept of whatever its previous holder left)."""
-        with self._slots_lock:
-            if self._idle_slots:
-                return self._idle_slots.pop()
-        return slots.acquire(self.slot_index, workspace_dir=self.workspace_dir)
 
     def close(self) -> None:
         """Release the slots this backend holds."""
-        with self._slots_lock:
-            while self._idle_slots:
-                self._idle_slots.pop().release()
+        self.slots.close()
 
     def required_protections(self, spec: JobSpec) -> list[str]:
         required = super().required_protections(spec)
-        if self.is_root:  # the job's tmpfs mounts are bounded only by its memory cgroup
-            required.append("memory_cgroup")
+        if self.is_root:
+            # the job's tmpfs mounts are bounded only by its memory cgroup; its CPU use,
+            # which other slots share, only by its CPU cgroup
+            required += ["memory_cgroup", "cpu_cgroup"]
         return required
 
     def environment(self, session: LocalSession) -> dict[str, str]:
@@ -214,15 +226,23 @@ class LocalBackend(Backend):
             detail = what if available else "; ".join(layout.problems) or "not available"
             return Protection(name, available, detail)
 
+        clash = slots.uid_range_problem() if self.is_root else why_not_root
         return [
-            Protection("rlimits", True, "address space, CPU, file size, processes, files, core"),
+            Protection("rlimits", True, "CPU, file size, processes, files, core"),
             Protection(
                 "uid_isolation",
-                self.is_root,
-                f"slot i runs as uid {d.SLOT_UID_BASE}+i" if self.is_root else why_not_root,
+                clash is None,
+                f"slot i runs as uid {d.SLOT_UID_BASE}+i, no host account"
+                if clash is None
+                else clash,
             ),
-            cg("memory_cgroup", bool(layout and layout.memory), "per-job memory cap"),
+            cg(
+                "memory_cgroup",
+                bool(layout and layout.memory),
+                "per-job memory cap; its OOM kills are what memory_exceeded means",
+            ),
             cg("pids_cgroup", bool(layout and layout.pids), "per-job process cap"),
+            cg("cpu_cgroup", bool(layout and layout.cpu), "per-job CPU cap (limits.cpus)"),
             Protection(
                 "exec_helper",
                 self.exec_helper is not None,
@@ -236,6 +256,17 @@ class LocalBackend(Backend):
                 "tmpfs of workspace_mb per job" if self.is_root else why_not_root,
             ),
         ]
+
+    def syscall_filter_protection(self) -> Protection:
+        program = job_filter()
+        if program is None:
+            return Protection("syscall_filter", False, f"no seccomp policy for {os.uname()[4]}")
+        return Protection(
+            "syscall_filter",
+            True,
+            f"seccomp allowlist ({len(program) // 8} BPF instructions): moby's default"
+            " profile, no io_uring, bpf, perf, keyrings, mounts, namespaces, AF_VSOCK",
+        )
 
     def tree_kill_protection(self) -> Protection:
         if not self.is_root:
@@ -262,7 +293,13 @@ class LocalBackend(Backend):
             cgroup_procs=session.cgroup.procs_files if session.cgroup else (),
             private_net=private_net,
             net_as_root=self.is_root,
-            rlimits=rlimits_for(session.spec.limits),
+            # With a memory cgroup, that is the memory bound (and an OOM kill its honest
+            # signal); an address-space rlimit would fail allocations first, and a job
+            # could then fake memory_exceeded by printing an allocation error.
+            rlimits=rlimits_for(
+                session.spec.limits,
+                address_space=session.cgroup is None or session.cgroup.layout.memory is None,
+            ),
             uid=session.slot.uid,
             gid=session.slot.gid,
         )

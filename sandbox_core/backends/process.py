@@ -7,6 +7,7 @@ import os
 import platform
 from functools import cache
 
+from sandbox_core import slots
 from sandbox_core.backends.base import Protection
 from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
 from sandbox_core.childsetup import ChildSetup, private_network
@@ -42,22 +43,33 @@ class ProcessBackend(LocalBackend):
             "private_tmp",
             self.is_root,
             "own mount + IPC namespace: tmpfs over /tmp, /var/tmp, /dev/shm and /run, a fresh"
-            " mqueue, /proc with hidepid=invisible"
+            " mqueue, /proc with hidepid=invisible, no other job's workspace mounted"
             if self.is_root
             else "not root: the host's /tmp and /dev/shm are shared",
+        )
+        ptys = Protection(
+            "private_ptys",
+            self.is_root,
+            "a devpts instance per step, at most limits.ptys"
+            if self.is_root
+            else "not root: the host's /dev/pts is shared",
         )
         userns = Protection(
             "nested_userns_blocked",
             job_filter() is not None,
-            "seccomp: no new user namespaces, no kernel keyrings"
+            "seccomp: no new namespaces of any kind"
             if job_filter() is not None
             else f"no seccomp filter for {platform.machine()}",
         )
+        status = Protection(
+            "honest_status", True, "the job's own wait status, straight from the kernel"
+        )
         protections = [*self.common_protections(), self.tree_kill_protection(), net]
-        return [*protections, private_tmp, userns]
+        return [*protections, private_tmp, ptys, userns, self.syscall_filter_protection(), status]
 
     def required_protections(self, spec: JobSpec) -> list[str]:
-        return [*super().required_protections(spec), "nested_userns_blocked"]
+        required = super().required_protections(spec)
+        return [*required, "nested_userns_blocked", "syscall_filter"]
 
     def sandbox_paths(self, session: LocalSession) -> SandboxPaths:
         ws = session.ws
@@ -70,8 +82,15 @@ class ProcessBackend(LocalBackend):
         setup = self.base_child_setup(session, private_net=not session.spec.limits.network)
         setup = dataclasses.replace(setup, seccomp=job_filter())
         if self.is_root:
-            # Own /tmp, /var/tmp, /dev/shm and IPC: nothing left there for the next job.
-            setup = dataclasses.replace(setup, private_tmp_mb=session.spec.limits.workspace_mb)
+            # Own /tmp, /var/tmp, /dev/shm and IPC: nothing left there for the next job; own
+            # ptys (the host's table is shared); no other job's workspace in its mounts.
+            setup = dataclasses.replace(
+                setup,
+                private_tmp_mb=session.spec.limits.workspace_mb,
+                devpts_max=session.spec.limits.ptys,
+                hide_under=str(slots.workspace_base(self.workspace_dir)),
+                keep=str(session.ws.root),
+            )
             if setup.private_net:
                 setup = dataclasses.replace(setup, netns_fd=session.slot.network_namespace())
         return setup

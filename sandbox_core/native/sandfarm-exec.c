@@ -6,9 +6,19 @@
  * join cgroups, join the network namespace, rlimits, drop to the slot uid, parent-death
  * signal, no_new_privs, umask, exec.
  *
- * usage: sandfarm-exec [--cgroup FILE]... [--netns-fd FD] [--private-tmp SIZE_MB]
+ * usage: sandfarm-exec [--cgroup FILE]... [--netns-fd FD] [--private-tmp SIZE_MB
+ *                      [--devpts MAX] [--hide-under DIR --keep DIR]]
  *                      [--rlimit RES:SOFT:HARD]... [--uid UID --gid GID] [--umask OCTAL]
  *                      [--env-fd FD] [--seccomp-fd FD] -- PROGRAM ARGS...
+ *        sandfarm-exec --init STATUS_FD -- PROGRAM ARGS...
+ * Options act in the order given (--devpts and --hide-under need --private-tmp first).
+ * --devpts: the job's own pty instance (at most MAX ptys: the host's table is shared).
+ * --hide-under/--keep: unmount, in the job's mount namespace only, every mount under DIR
+ * but KEEP (other jobs' workspaces would show in /proc/self/mountinfo).
+ * --init: run as the sandbox's pid 1 (bwrap --as-pid-1): start PROGRAM, reap every
+ * process, and once PROGRAM ends kill the rest and write its real wait status and
+ * resource use to STATUS_FD ("status=N cpu_us=N maxrss_kb=N\n"), which PROGRAM never
+ * holds: an exit code the job chooses can never pass for a signal.
  * --seccomp-fd: a classic BPF program (struct sock_filter[]), built by
  * sandbox_core.seccomp, loaded last, just before exec.
  * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
@@ -31,6 +41,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void die(const char *what, const char *arg) {
@@ -93,6 +104,95 @@ static void private_tmp(const char *size_mb) {
         die("mount proc", "hidepid=invisible");
 }
 
+/* A devpts instance of the job's own, at most max ptys, over /dev/pts and /dev/ptmx. */
+static void private_devpts(const char *max) {
+    char opts[96];
+    snprintf(opts, sizeof opts, "newinstance,ptmxmode=0666,mode=0620,max=%s", max);
+    if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, opts) != 0)
+        die("mount devpts", opts);
+    if (mount("/dev/pts/ptmx", "/dev/ptmx", NULL, MS_BIND, NULL) != 0)
+        die("bind", "/dev/pts/ptmx");
+}
+
+/* Decode mountinfo's octal escapes (\040 for a space, ...) in place. */
+static void unescape(char *text) {
+    char *out = text;
+    for (char *in = text; *in; in++) {
+        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '7' && in[2] && in[3]) {
+            *out++ = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
+            in += 3;
+        } else {
+            *out++ = *in;
+        }
+    }
+    *out = '\0';
+}
+
+static int under(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0');
+}
+
+/* In this (private) mount namespace, unmount every mount under dir except keep and its
+ * own submounts, deepest first. */
+static void hide_mounts(const char *dir, const char *keep) {
+    FILE *info = fopen("/proc/self/mountinfo", "r");
+    if (!info) die("open", "/proc/self/mountinfo");
+    char line[8192];
+    char **found = NULL;
+    size_t count = 0;
+    while (fgets(line, sizeof line, info)) {
+        char *field = strtok(line, " ");
+        for (int i = 1; field && i < 5; i++) field = strtok(NULL, " ");
+        if (!field) continue;
+        unescape(field);
+        if (!under(field, dir) || strcmp(field, dir) == 0 || under(field, keep)) continue;
+        found = realloc(found, (count + 1) * sizeof *found);
+        if (!found || !(found[count++] = strdup(field))) die("hide mounts", "out of memory");
+    }
+    fclose(info);
+    while (count > 0) {
+        char *target = found[--count];
+        if (umount2(target, MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT)
+            die("umount", target);
+        free(target);
+    }
+    free(found);
+}
+
+/* pid 1 of a sandbox: see --init above. */
+static int run_init(int status_fd, char **argv) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* the job may not ptrace or read its monitor */
+    pid_t child = fork();
+    if (child < 0) die("fork", NULL);
+    if (child == 0) {
+        close(status_fd);
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        execvp(argv[0], argv);
+        die("exec", argv[0]);
+    }
+    int status = 0, main_status = -1;
+    struct rusage usage, main_usage;
+    memset(&main_usage, 0, sizeof main_usage);
+    for (;;) {
+        pid_t pid = wait4(-1, &status, 0, &usage);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break; /* ECHILD: nothing left */
+        }
+        if (pid == child) {
+            main_status = status;
+            main_usage = usage;
+            kill(-1, SIGKILL); /* as pid 1: everything else in the sandbox */
+        }
+    }
+    long long cpu_us = (long long)main_usage.ru_utime.tv_sec * 1000000 + main_usage.ru_utime.tv_usec +
+                       (long long)main_usage.ru_stime.tv_sec * 1000000 + main_usage.ru_stime.tv_usec;
+    dprintf(status_fd, "status=%d cpu_us=%lld maxrss_kb=%ld\n", main_status, cpu_us,
+            main_usage.ru_maxrss);
+    return 0;
+}
+
 static void load_seccomp(int fd) {
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter))
@@ -120,6 +220,11 @@ int main(int argc, char **argv) {
     char **job_env = NULL;
     int seccomp_fd = -1;
     int i = 1;
+    if (argc > 3 && strcmp(argv[1], "--init") == 0) {
+        int status_fd = (int)number(argv[2], "--init");
+        if (strcmp(argv[3], "--") != 0 || argc < 5) { errno = EINVAL; die("usage", "--init"); }
+        return run_init(status_fd, argv + 4);
+    }
     for (; i < argc; i++) {
         const char *opt = argv[i];
         if (strcmp(opt, "--") == 0) { i++; break; }
@@ -144,6 +249,16 @@ int main(int argc, char **argv) {
         } else if (strcmp(opt, "--private-tmp") == 0) {
             number(val, opt);
             private_tmp(val);
+        } else if (strcmp(opt, "--devpts") == 0) {
+            number(val, opt);
+            private_devpts(val);
+        } else if (strcmp(opt, "--hide-under") == 0) {
+            if (i + 2 >= argc || strcmp(argv[i + 1], "--keep") != 0) {
+                errno = EINVAL;
+                die("--hide-under needs --keep", val);
+            }
+            hide_mounts(val, argv[i + 2]);
+            i += 2;
         } else if (strcmp(opt, "--seccomp-fd") == 0) {
             seccomp_fd = (int)number(val, opt);
         } else if (strcmp(opt, "--env-fd") == 0) {

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_core import Status, get_backend, parse_spec
+from sandbox_core import defaults as d
 from sandbox_core.backends.docker.containers import LABEL, reap_orphans
 from tests.conftest import require
 from tests.security.conftest import docker_status
@@ -70,7 +71,7 @@ def test_writes_outside_the_workspace_fail(docker_backend):
 def test_job_is_not_root_and_has_no_capabilities(docker_backend):
     result = _run(docker_backend, command="id -u; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")
     lines = result.steps[0].stdout.split()
-    assert lines[0] == "1000"
+    assert d.SLOT_UID_BASE <= int(lines[0]) < d.SLOT_UID_BASE + d.MAX_SLOTS  # a slot's uid
     caps = dict(zip(lines[1::2], lines[2::2], strict=False))
     assert caps == {
         "CapPrm:": "0000000000000000",

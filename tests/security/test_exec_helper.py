@@ -15,6 +15,10 @@ echo capeff=$(awk '/^CapEff/ {print $2}' /proc/self/status)
 echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ,)
 echo fds=$(ls /proc/self/fd | sort -n | tr '\\n' ,)
 echo cgroups=$(grep -c sandfarm /proc/self/cgroup)
+for f in $(awk -F: '$2 == "memory" {print "/sys/fs/cgroup/memory" $3 "/memory.limit_in_bytes"}
+    $1 == "0" {print "/sys/fs/cgroup" $3 "/memory.max"}' /proc/self/cgroup); do
+  [ -f "$f" ] && { echo memcg=$(cat "$f"); break; }
+done
 """
 
 
@@ -39,7 +43,10 @@ def test_helper_and_python_setup_agree(is_root):
     in_python = _probe("")
     assert with_helper == in_python
     assert with_helper["uid"] != "0" and with_helper["groups"] == with_helper["uid"]
-    assert with_helper["as"] == str(300 * 1024)  # KiB
+    # The memory bound is the job's cgroup (an OOM kill there is memory_exceeded); an
+    # address-space rlimit would fail allocations first and let a job fake that status.
+    assert with_helper["as"] == "unlimited"
+    assert with_helper["memcg"] == str(300 * 1024 * 1024)
     assert with_helper["core"] == "0" and with_helper["nnp"] == "1"
     assert with_helper["capeff"] == "0000000000000000"
     assert with_helper["ifaces"] == "lo,"

@@ -7,19 +7,22 @@ again only after an engine error, never per job.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from sandbox_core import slots
 from sandbox_core.backends.base import Backend, Protection
 from sandbox_core.backends.config import DockerConfig
 from sandbox_core.backends.docker.containers import (
-    JOB_USER,
+    Owner,
     Profile,
     create_container,
-    owner_labels,
+    pts_base,
     reap_orphans,
     remove_container,
 )
@@ -27,6 +30,11 @@ from sandbox_core.backends.docker.pool import Remover, WarmPool
 from sandbox_core.backends.docker.session import DockerSession
 from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
 from sandbox_core.models import JobSpec, Limits
+from sandbox_core.procevents import ExitWatcher
+from sandbox_core.seccomp import docker_profile
+
+# Where the worker is not root (no slot uids): every job runs as this one uid.
+UNPRIVILEGED_JOB_UID = 1000
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,10 @@ class DockerBackend(Backend):
         self.config = config
         self.image = config.image
         self.allowed_images = config.images
-        self.labels = owner_labels(config.worker)
-        self._pools: dict[Profile, WarmPool] = {}
+        self.labels = Owner.this_process(config.worker).labels()
+        self.slots = slots.SlotPool(config.slot, None)
+        self.exits = ExitWatcher.shared()  # the kernel's word on each exec's end
+        self._pools: dict[tuple[Profile, int], WarmPool] = {}
         self._remover = Remover(self._remove)
         self._lock = threading.Lock()
         self._probe: EngineProbe | None = None
@@ -89,6 +99,9 @@ class DockerBackend(Backend):
             ]
         has_image = self.image in probe.images
         runtime_ok = self.config.runtime in probe.runtimes
+        clash = slots.uid_range_problem() if os.geteuid() == 0 else "not root: one uid for all"
+        honest = self.exits is not None and self.config.runtime == "runc"
+        seccomp = json.loads(docker_profile())
         return [
             Protection("engine", True, f"Docker {probe.version}"),
             Protection(
@@ -98,11 +111,40 @@ class DockerBackend(Backend):
             ),
             Protection("image", has_image, f"{self.image}" + ("" if has_image else " missing")),
             Protection("tree_kill", True, "container removed after every job"),
-            Protection("uid_isolation", True, f"job runs as uid {JOB_USER}, no capabilities"),
+            Protection(
+                "uid_isolation",
+                clash is None,
+                "each slot's jobs run as its own uid (no host account), no capabilities"
+                if clash is None
+                else clash,
+            ),
             Protection("network_isolation", True, "network none"),
             Protection("filesystem_isolation", True, "read-only image, tmpfs workspace"),
-            Protection("seccomp", True, "Docker's default profile, no-new-privileges"),
+            Protection(
+                "syscall_filter",
+                True,
+                f"the farm's seccomp allowlist ({len(seccomp['syscalls'])} rules),"
+                " no-new-privileges",
+            ),
+            Protection(
+                "private_ptys",
+                os.geteuid() == 0,
+                "a devpts instance per container, at most limits.ptys"
+                if os.geteuid() == 0
+                else "not root: Docker's own devpts, unbounded",
+            ),
+            Protection(
+                "honest_status",
+                honest,
+                "each exec's real wait status from the kernel (proc connector)"
+                if honest
+                else ExitWatcher.why_unavailable()
+                or f"runtime {self.config.runtime}: exit 128+N reads as signal N",
+            ),
         ]
+
+    def required_protections(self, spec: JobSpec) -> list[str]:
+        return [*super().required_protections(spec), "syscall_filter"]
 
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
@@ -115,10 +157,11 @@ class DockerBackend(Backend):
 
     # --- containers -----------------------------------------------------------------
 
-    def create(self, profile: Profile, job_id: str | None = None) -> str:
+    def create(self, profile: Profile, uid: int, job_id: str | None = None) -> str:
         labels = {**self.labels, "sandfarm.job": job_id or "-"}
+        base = pts_base(None)
         try:
-            return create_container(self.client, self.config, profile, labels)
+            return create_container(self.client, self.config, profile, uid, labels, base)
         except Exception:
             self._probe = None  # the engine changed under us (image, runtime): ask again
             raise
@@ -126,31 +169,39 @@ class DockerBackend(Backend):
     def _remove(self, container_id: str) -> None:
         remove_container(self.client, container_id)
 
-    def take_container(self, profile: Profile, job_id: str | None) -> str:
+    def take_container(self, profile: Profile, slot: slots.Slot, job_id: str | None) -> str:
+        uid = slot_uid(slot)
         if self.config.warm_pool > 0 and profile == self.default_profile:
-            container = self._pool(profile).take()
+            container = self._pool(profile, slot).take()
             if container is not None:
                 return container
-        return self.create(profile, job_id)
+        return self.create(profile, uid, job_id)
 
     @cached_property
     def default_profile(self) -> Profile:
         return Profile.for_job(self.image, Limits())
 
-    def _pool(self, profile: Profile) -> WarmPool:
+    def _pool(self, profile: Profile, slot: slots.Slot) -> WarmPool:
+        """The warm pool of ``profile`` for ``slot``: its containers run jobs as its uid."""
+        uid = slot_uid(slot)
         with self._lock:
-            if profile not in self._pools:
-                self._pools[profile] = WarmPool(
-                    profile, self.config.warm_pool, lambda p: self.create(p, "pool"), self._remove
+            key = (profile, slot.index)
+            if key not in self._pools:
+                self._pools[key] = WarmPool(
+                    profile,
+                    self.config.warm_pool,
+                    lambda p: self.create(p, uid, "pool"),
+                    self._remove,
                 )
-            return self._pools[profile]
+            return self._pools[key]
 
     def start_pool(self, wait_s: float = 0.0) -> bool:
         """Fill the warm pool of the default profile now (else on first use); with
         ``wait_s``, wait until it is full. True when the pool is full."""
         if self.config.warm_pool <= 0:
             return False
-        pool = self._pool(self.default_profile)
+        with self.slots.borrow() as slot:
+            pool = self._pool(self.default_profile, slot)
         return pool.wait_ready(wait_s) if wait_s else False
 
     def remove_later(self, container_id: str) -> None:
@@ -158,15 +209,26 @@ class DockerBackend(Backend):
         self._remover.later(container_id)
 
     def close(self) -> None:
+        """Remove every container this backend started (its pools too) before returning:
+        nothing of a job outlives the process that ran it."""
         for pool in list(self._pools.values()):
             pool.close()
+        self._pools.clear()
         self._remover.close()
+        self.slots.close()
 
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[DockerSession]:
         profile = Profile.for_job(spec.image or self.image, spec.limits)
-        session = DockerSession(self, spec, self.take_container(profile, spec.id))
-        try:
-            yield session
-        finally:
-            session.close()
+        with self.slots.borrow() as slot:
+            container = self.take_container(profile, slot, spec.id)
+            session = DockerSession(self, spec, container, slot_uid(slot))
+            try:
+                yield session
+            finally:
+                session.close()
+
+
+def slot_uid(slot: slots.Slot) -> int:
+    """The uid a slot's container jobs run as (one for all where the worker is not root)."""
+    return slot.uid if slot.uid is not None else UNPRIVILEGED_JOB_UID

@@ -1,40 +1,83 @@
 """Containers of the Docker backend: what each is created with, who owns it, removal.
 
 A container is read-only, has no network (unless the job may use it), no capabilities,
-no new privileges, Docker's default seccomp profile, an init reaping zombies, and
-pids/memory/CPU caps. A keeper process (uid 1001) holds it open; each step is a
-`docker exec` as uid 1000, which therefore cannot signal the keeper. Every container is
-labelled with its owner so a reaper can remove what a dead worker left behind.
+no new privileges, the farm's seccomp allowlist (sandbox_core.seccomp), an init reaping
+zombies, pids/memory/CPU caps, and a devpts instance of its own bounded by the job's
+``ptys``. A keeper process (KEEPER_UID) holds it open; each step is a `docker exec` as
+the slot's uid, which is no host account, shared with no other concurrent job, and
+cannot signal the keeper. Every container is labelled with a host-unique identity of
+its owner, so a reaper anywhere on the host can tell a dead owner from a live one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sandbox_core import defaults as d
+from sandbox_core import slots
 from sandbox_core.backends.config import DockerConfig
+from sandbox_core.childsetup import mount_devpts
 from sandbox_core.models import Limits
+from sandbox_core.seccomp import docker_profile
+from sandbox_core.workspace import unmount
 
-JOB_UID = 1000
-JOB_USER = f"{JOB_UID}:{JOB_UID}"
-KEEPER_USER = "1001:1001"
 WORKSPACE = "/workspace"
 SCRIPTS = "/tmp/.sandfarm"
 LABEL = "sandfarm.managed"
-WORKSPACE_OWNER = "uid=1000,gid=1000,mode=0700"
+PTS_LABEL = "sandfarm.pts"  # the host directory of the container's devpts instance
 
 
-def owner_labels(worker: str | None) -> dict[str, str]:
-    return {
-        LABEL: "1",
-        "sandfarm.host": os.uname().nodename,
-        "sandfarm.pid": str(os.getpid()),
-        "sandfarm.worker": worker or f"{os.uname().nodename}:{os.getpid()}",
-    }
+@dataclass(frozen=True)
+class Owner:
+    """Who owns a container, in terms that mean the same anywhere on the host: the boot,
+    the pid namespace (a pid means nothing outside its namespace) and the process start
+    time (pids are reused), plus the farm worker it serves, if any."""
+
+    boot: str
+    pidns: str
+    pid: int
+    start: str
+    worker: str
+
+    @classmethod
+    def this_process(cls, worker: str | None) -> Owner:
+        return cls(_boot_id(), _pidns(), os.getpid(), _start_time(os.getpid()), worker or "")
+
+    def labels(self) -> dict[str, str]:
+        return {
+            LABEL: "1",
+            "sandfarm.host": os.uname().nodename,
+            "sandfarm.boot": self.boot,
+            "sandfarm.pidns": self.pidns,
+            "sandfarm.pid": str(self.pid),
+            "sandfarm.start": self.start,
+            "sandfarm.worker": self.worker,
+        }
+
+
+def _boot_id() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return ""
+
+
+def _pidns() -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink("/proc/self/ns/pid")
+    return ""
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    return ""
 
 
 @dataclass(frozen=True)
@@ -45,10 +88,12 @@ class Profile:
     memory_mb: int
     processes: int
     cpu_s: int
+    cpus: float
     file_size_mb: int
     open_files: int
     network: bool
     workspace_mb: int
+    ptys: int
 
     @classmethod
     def for_job(cls, image: str, limits: Limits) -> Profile:
@@ -57,44 +102,83 @@ class Profile:
             memory_mb=limits.memory_mb,
             processes=limits.processes,
             cpu_s=limits.cpu_s,
+            cpus=limits.cpus,
             file_size_mb=limits.file_size_mb,
             open_files=limits.open_files,
             network=limits.network,
             workspace_mb=limits.workspace_mb,
+            ptys=limits.ptys,
         )
 
 
 def create_container(
-    client: Any, config: DockerConfig, profile: Profile, labels: dict[str, str]
+    client: Any,
+    config: DockerConfig,
+    profile: Profile,
+    uid: int,
+    labels: dict[str, str],
+    pts_base: Path,
 ) -> str:
-    """Create and start a container for ``profile`` (never pulled: images are local);
-    returns its id."""
+    """Create and start a container for ``profile`` whose jobs run as ``uid`` (never
+    pulled: images are local); returns its id."""
+    from docker.types import Mount
+
     mib = d.MIB
-    container = client.containers.run(
-        profile.image,
-        ["sleep", "infinity"],
-        detach=True,
-        init=True,
-        user=KEEPER_USER,
-        working_dir=WORKSPACE,
-        read_only=True,
-        tmpfs={
-            WORKSPACE: f"rw,nosuid,nodev,size={profile.workspace_mb}m,exec,{WORKSPACE_OWNER}",
-            "/tmp": "rw,nosuid,nodev,exec,size=64m,mode=1777",
-        },
-        network_mode="bridge" if profile.network else "none",
-        cap_drop=["ALL"],
-        security_opt=["no-new-privileges"],
-        mem_limit=profile.memory_mb * mib,
-        memswap_limit=profile.memory_mb * mib,
-        pids_limit=profile.processes + 4,  # + init, keeper and our exec helpers
-        nano_cpus=int(config.cpus * 1e9),
-        ulimits=_ulimits(profile),
-        runtime=config.runtime,
-        labels=labels,
-        environment={"HOME": WORKSPACE, "TMPDIR": "/tmp"},
-    )
+    pts = _devpts(pts_base, profile.ptys)
+    try:
+        container = client.containers.run(
+            profile.image,
+            ["sleep", "infinity"],
+            detach=True,
+            init=True,
+            user=f"{d.KEEPER_UID}:{d.KEEPER_UID}",
+            working_dir=WORKSPACE,
+            read_only=True,
+            tmpfs={
+                WORKSPACE: f"rw,nosuid,nodev,size={profile.workspace_mb}m,exec,"
+                f"uid={uid},gid={uid},mode=0700",
+                "/tmp": "rw,nosuid,nodev,exec,size=64m,mode=1777",
+            },
+            mounts=[] if pts is None else [Mount("/dev/pts", str(pts), type="bind")],
+            network_mode="bridge" if profile.network else "none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
+            mem_limit=profile.memory_mb * mib,
+            memswap_limit=profile.memory_mb * mib,
+            pids_limit=profile.processes + 4,  # + init, keeper and our exec helpers
+            nano_cpus=int(profile.cpus * 1e9),
+            ulimits=_ulimits(profile),
+            runtime=config.runtime,
+            labels={**labels, PTS_LABEL: str(pts or "")},
+            environment={"HOME": WORKSPACE, "TMPDIR": "/tmp"},
+        )
+    except BaseException:
+        if pts is not None:
+            _remove_devpts(pts)
+        raise
     return str(container.id)
+
+
+def _devpts(base: Path, max_ptys: int) -> Path | None:
+    """A devpts instance for one container, mounted on the host (root only): Docker's
+    own has no bound, and the host's pty table is shared by everyone."""
+    if os.geteuid() != 0:
+        return None
+    base.mkdir(mode=0o711, parents=True, exist_ok=True)
+    path = base / f"pts-{secrets.token_hex(8)}"
+    path.mkdir(mode=0o755)
+    try:
+        mount_devpts(str(path), max_ptys)
+    except BaseException:
+        path.rmdir()
+        raise
+    return path
+
+
+def _remove_devpts(path: Path) -> None:
+    unmount(str(path))
+    with contextlib.suppress(OSError):
+        path.rmdir()
 
 
 def _ulimits(profile: Profile) -> list[Any]:
@@ -110,19 +194,50 @@ def _ulimits(profile: Profile) -> list[Any]:
 
 
 def remove_container(client: Any, container_id: str) -> None:
+    pts = ""
+    with contextlib.suppress(Exception):
+        pts = client.api.inspect_container(container_id)["Config"]["Labels"].get(PTS_LABEL, "")
     with contextlib.suppress(Exception):  # already gone, or the engine is going away
         client.api.remove_container(container_id, force=True)
+    if pts:
+        _remove_devpts(Path(pts))
 
 
-def reap_orphans(client: Any) -> int:
-    """Remove containers whose owning process on this host no longer exists."""
-    host = os.uname().nodename
+def pts_base(workspace_dir: Path | None) -> Path:
+    """Where the containers' devpts instances are mounted on the host: under the
+    workspace base, which the process backend hides from every job."""
+    return slots.workspace_base(workspace_dir) / "docker-pts"
+
+
+# -------------------------------------------------------------- reaping
+
+
+# A judge of farm workers by their heartbeats: alive, dead, or None when it cannot tell.
+WorkerAlive = Callable[[str], bool | None]
+
+
+def owner_alive(labels: dict[str, str], worker_alive: WorkerAlive | None = None) -> bool | None:
+    """Is a container's owner alive? None when this process cannot tell."""
+    if labels.get("sandfarm.boot") not in (None, _boot_id()):
+        return False  # owned by a process of an earlier boot
+    same_host = labels.get("sandfarm.host", os.uname().nodename) == os.uname().nodename
+    same_pidns = labels.get("sandfarm.pidns", _pidns()) == _pidns()
+    pid = int(labels.get("sandfarm.pid", "0") or 0)
+    if same_host and same_pidns and pid:  # its pid means what it says here
+        start, now_start = labels.get("sandfarm.start"), _start_time(pid)
+        return bool(now_start) and (start is None or start == now_start)
+    if worker_alive is not None and labels.get("sandfarm.worker"):
+        return worker_alive(labels["sandfarm.worker"])
+    return None
+
+
+def reap_orphans(client: Any, worker_alive: WorkerAlive | None = None) -> int:
+    """Remove the farm's containers whose owner is known to be dead (never one whose
+    owner this process cannot judge); returns how many. ``worker_alive``: a judge of
+    farm workers by their heartbeats, for containers a worker owns."""
     removed = 0
-    filters = {"label": [f"{LABEL}=1", f"sandfarm.host={host}"]}
-    for info in client.api.containers(all=True, filters=filters):
-        pid = int(info["Labels"].get("sandfarm.pid", "0") or 0)
-        if pid and Path(f"/proc/{pid}").exists():
-            continue
-        remove_container(client, info["Id"])
-        removed += 1
+    for info in client.api.containers(all=True, filters={"label": [f"{LABEL}=1"]}):
+        if owner_alive(info.get("Labels") or {}, worker_alive) is False:
+            remove_container(client, info["Id"])
+            removed += 1
     return removed

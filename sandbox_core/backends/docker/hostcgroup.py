@@ -31,6 +31,20 @@ class ContainerCgroup:
                 return [int(pid) for pid in path.read_text().split()]
         return None
 
+    def cpu_ns(self) -> int:
+        """CPU time the container's processes have used, in nanoseconds (0 if unknown)."""
+        with contextlib.suppress(OSError, ValueError):
+            for path in self._files("cpuacct", "cpuacct.usage", "cpu.stat"):
+                if not path.exists():
+                    continue
+                if path.name == "cpuacct.usage":
+                    return int(path.read_text())
+                for line in path.read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) * 1000
+        return 0
+
     def oom_kills(self) -> int:
         """The container's memory cgroup OOM-kill count."""
         for path in self._files("memory", oom_file(v2=False), oom_file(v2=True)):

@@ -4,6 +4,7 @@ through bounded helper commands, leftovers swept from the host between steps."""
 from __future__ import annotations
 
 import contextlib
+import os
 import selectors
 import socket
 import threading
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_core import defaults as d
 from sandbox_core.backends.base import Session
-from sandbox_core.backends.docker.containers import JOB_UID, JOB_USER, SCRIPTS, WORKSPACE
+from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
 from sandbox_core.backends.docker.stream import FrameDemux
 from sandbox_core.backends.docker.transfer import FileTransfer
@@ -31,19 +32,24 @@ _KILL_JOB_PROCESSES = "kill -9 -1 2>/dev/null; true"
 # How often a running exec's state is asked for (a runtime may hold the stream open
 # while a leftover holds the pipe: gVisor).
 _EXEC_POLL_S = 0.25
-_HELPER_DEADLINE_S = 60.0
+# The farm's file helpers get the job's deadline plus this much (collecting after a
+# timeout), never more than _HELPER_MAX_S: a leftover cannot hold the sandbox longer.
+_HELPER_GRACE_S = 5.0
+_HELPER_MAX_S = 60.0
 
 
 class DockerSession(Session):
-    def __init__(self, backend: DockerBackend, spec: JobSpec, container_id: str) -> None:
+    def __init__(self, backend: DockerBackend, spec: JobSpec, container_id: str, uid: int) -> None:
         self.backend = backend
         self.spec = spec
         self.id = container_id
+        self.uid = uid  # the slot's: the job's processes, and the farm's helpers
         self.api: Any = backend.client.api
         self.cgroup = ContainerCgroup(container_id)
-        self.files = FileTransfer(self._helper)
+        self.files = FileTransfer(self._helper, uid)
         self.dead = False
-        self.dirty = False  # a step ran since the last sweep
+        self.dirty = False  # a job process may be alive: sweep before touching files
+        self.deadline = time.monotonic() + spec.limits.timeout_s
 
     # --- exec plumbing --------------------------------------------------------------
 
@@ -59,11 +65,12 @@ class DockerSession(Session):
     ) -> ExecOutcome:
         out = ExecOutcome.for_limits(limits)
         started = time.monotonic()
+        started_ns = time.monotonic_ns()
         exec_id = self.api.exec_create(
             self.id,
             argv,
             stdin=stdin is not None,
-            user=JOB_USER,
+            user=f"{self.uid}:{self.uid}",
             workdir=WORKSPACE,
             environment=env,
         )["Id"]
@@ -88,21 +95,37 @@ class DockerSession(Session):
         if out.timed_out or out.flooded or out.cancelled:
             self.kill()
         out.duration_ms = (time.monotonic() - started) * 1000
-        code = None if self.dead else self._exit_code(exec_id)
-        if code is None:
-            out.signal = 9
-        else:
+        info = None if self.dead else self._inspect(exec_id)
+        code = info.get("ExitCode") if info else None
+        status = self._kernel_status(info, started_ns)
+        if status is not None:  # the kernel's word: exit(137) is not SIGKILL
+            if os.WIFSIGNALED(status):
+                out.signal = os.WTERMSIG(status)
+            else:
+                out.exit_code = os.WEXITSTATUS(status)
+        elif isinstance(code, int):
             out.exit_code = code
             signal_from_init_status(out)  # the engine reports signals as 128+n
+        else:
+            out.signal = 9
         return out
 
-    def _exit_code(self, exec_id: str) -> int | None:
+    def _inspect(self, exec_id: str) -> dict[str, Any] | None:
         try:
-            code = self.api.exec_inspect(exec_id).get("ExitCode")
+            info: dict[str, Any] = self.api.exec_inspect(exec_id)
         except Exception:  # the container died under the exec (OOM-killed keeper, ...)
             self.dead = True
             return None
-        return code if isinstance(code, int) else None
+        return info
+
+    def _kernel_status(self, info: dict[str, Any] | None, since_ns: int) -> int | None:
+        """The exec's raw wait status as the kernel announced it (runc: its Pid is a
+        host pid), or None where that is not known."""
+        watcher = self.backend.exits
+        if watcher is None or not info or self.backend.config.runtime != "runc":
+            return None
+        pid = info.get("Pid")
+        return watcher.status(pid, since_ns) if isinstance(pid, int) and pid > 0 else None
 
     def _pump(
         self, raw: socket.socket, exec_id: str, out: ExecOutcome, supervisor: Supervisor
@@ -138,9 +161,12 @@ class DockerSession(Session):
             sel.close()
 
     def _helper(self, argv: list[str], stdin: bytes | None = None, budget: int = d.MIB) -> bytes:
-        """Run a farm-side helper command as the job user; returns its stdout (bounded)."""
+        """Run a farm-side helper command as the job user, after sweeping whatever a step
+        left alive (it could stop or starve the helper); returns its stdout (bounded)."""
+        self._sweep()
         limits = Limits(output_bytes=min(max(budget, 64), d.OUTPUT_BYTES[1]), head_ratio=1.0)
-        deadline = time.monotonic() + _HELPER_DEADLINE_S
+        now = time.monotonic()
+        deadline = min(now + _HELPER_MAX_S, max(self.deadline, now) + _HELPER_GRACE_S)
         outcome = self._exec(argv, stdin=stdin, limits=limits, deadline=deadline)
         if outcome.exit_code != 0:
             raise OSError(
@@ -167,6 +193,7 @@ class DockerSession(Session):
         From the host, as root, by pid (the container's cgroup, the job's uid): inside the
         container a leftover of the same uid could kill the sweeper itself."""
         if self.dirty and not self.dead:
+            self.dirty = False
             if self.cgroup.pids() is None:  # unknown cgroup layout: from inside, as the job
                 self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
             else:
@@ -175,16 +202,14 @@ class DockerSession(Session):
 
     def _job_pids(self) -> list[int]:
         found = process_uids_of(self.cgroup.pids() or [])
-        return [pid for pid, uid in found.items() if uid == JOB_UID]
+        return [pid for pid, uid in found.items() if uid == self.uid]
 
     def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
-        self._sweep()
         self.files.read_into(path, buffer)
 
     def collect(self, patterns: list[str]) -> tuple[list[CollectedFile], int]:
         if not patterns or self.dead:
             return [], 0
-        self._sweep()
         return self.files.collect(patterns)
 
     def exec(
@@ -193,7 +218,7 @@ class DockerSession(Session):
         if self.dead:
             raise OSError("the container is gone")
         self._sweep()  # nothing a step started outlives it, as on every backend
-        self.dirty = True
+        self.deadline = deadline
         argv = inline_argv(step, "python3")  # saves an exec per step
         if argv is None:  # past the kernel's per-argument limit: through a file
             self.files.put({f".sandfarm/step-{index}": source_of(step).encode()}, root="/tmp")
@@ -202,6 +227,8 @@ class DockerSession(Session):
             argv = ["sh", "-c", 'exec "$@" < /dev/stdin', "sh", *argv]
         env = clean_environment(WORKSPACE, "/tmp", self.spec.env, from_host=())
         ooms_before = self.cgroup.oom_kills()
+        cpu_before = self.cgroup.cpu_ns()
+        self.dirty = True
         outcome = self._exec(
             argv,
             stdin=step.stdin.encode() if step.stdin is not None else None,
@@ -211,6 +238,7 @@ class DockerSession(Session):
             env=env,
         )
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
+        outcome.cpu_ms = (self.cgroup.cpu_ns() - cpu_before) / 1e6  # the kernel's count
         return outcome
 
     def _oom_killed(self) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandbox_core import defaults as d
-from sandbox_core.backends.docker.containers import JOB_UID, WORKSPACE
+from sandbox_core.backends.docker.containers import WORKSPACE
 from sandbox_core.models import CollectedFile
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.workspace import encode_collected
@@ -53,12 +53,12 @@ def plan_collect(sizes: dict[str, int], patterns: list[str]) -> CollectPlan:
     return plan
 
 
-def tar_of(files: dict[str, bytes]) -> bytes:
+def tar_of(files: dict[str, bytes], uid: int) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for path, content in files.items():
             info = tarfile.TarInfo(path)
-            info.size, info.mode, info.uid, info.gid = len(content), 0o644, JOB_UID, JOB_UID
+            info.size, info.mode, info.uid, info.gid = len(content), 0o644, uid, uid
             tar.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
 
@@ -78,14 +78,15 @@ def regular_members(data: bytes) -> dict[str, bytes]:
 
 
 class FileTransfer:
-    def __init__(self, run: HelperRun) -> None:
+    def __init__(self, run: HelperRun, uid: int) -> None:
         self._run = run
+        self.uid = uid
 
     def put(self, files: dict[str, bytes], root: str = WORKSPACE) -> None:
         # tar refuses members that leave the directory and does not follow symlinks for
         # the final component unless told; --no-overwrite-dir keeps workspace modes.
         argv = ["tar", "-x", "--no-same-owner", "--no-overwrite-dir", "-C", root, "-f", "-"]
-        self._run(argv, tar_of(files), d.MIB)
+        self._run(argv, tar_of(files, self.uid), d.MIB)
 
     def list_files(self) -> dict[str, int]:
         """Regular files of the workspace -> size; NUL-separated, so any name survives."""

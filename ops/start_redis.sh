@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Start a redis-server for the farm on 127.0.0.1:PORT with an append-only file, so a
+# restarted Redis keeps the queued jobs: `ops/start_redis.sh PORT [DIR]`.
+#
+# Its data (every queued spec with its code and env secrets, every result) lives in
+# DIR (default /var/lib/sandfarm-redis as root), a directory only its owner may enter,
+# with files only its owner may read (umask 077): the process backend's jobs see the
+# host's filesystem, as unprivileged slot uids. Existing data is made private too.
+set -euo pipefail
+port=${1:?usage: ops/start_redis.sh PORT [DIR]}
+dir=${2:-}
+if [ -z "$dir" ]; then
+  dir=/var/lib/sandfarm-redis
+  [ "$(id -u)" = 0 ] || dir=${TMPDIR:-/tmp}/sandfarm-redis-$(id -u)
+fi
+umask 077
+mkdir -p "$dir"
+chmod 0700 "$dir"
+chmod -R go-rwx "$dir"
+echo "[start_redis] redis-server on 127.0.0.1:$port (AOF in $dir, mode 0700)" >&2
+redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --save "" --appendonly yes \
+  --appendfsync everysec --dir "$dir" --logfile "$dir/redis.log"
