@@ -23,19 +23,50 @@ def become_subreaper() -> None:
 
 
 def reap_zombies_of(uid: int, limit: int = 100_000) -> int:
-    """Reap exited children that ran as ``uid``; stops at the first child of another uid."""
+    """Reap our exited children that ran as ``uid`` (orphans of a job come to us as its
+    subreaper): left as zombies they would count against the slot's process limit.
+
+    Children of other uids (another slot's job, run by another thread) are left alone:
+    their own runner waits for them."""
     reaped = 0
     while reaped < limit:
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            break
-        if info is None or info.si_uid != uid:
-            break
+            return reaped
+        if info is None:
+            return reaped
+        if info.si_uid != uid:  # another slot's child is first in line: find ours by pid
+            return reaped + _reap_by_pid(uid)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(info.si_pid, 0)
         reaped += 1
     return reaped
+
+
+def _reap_by_pid(uid: int) -> int:
+    me, reaped = os.getpid(), 0
+    for pid in _zombie_children(me):
+        if process_uids_of([pid]).get(pid) == uid:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    reaped += 1
+    return reaped
+
+
+def _zombie_children(parent: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] == b"Z" and int(fields[1]) == parent:
+            found.append(int(entry.name))
+    return found
 
 
 def process_uids() -> dict[int, int]:

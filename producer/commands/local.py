@@ -89,12 +89,13 @@ def print_result(result: JobResult, as_json: bool) -> None:
         extra = f" exit={step.exit_code}" if step.exit_code is not None else ""
         extra += f" signal={step.signal}" if step.signal else ""
         click.echo(f"{head}{extra} ({step.duration_ms:.0f} ms)", err=True)
+        # color=True: piped, the job's bytes pass as written (click would strip ANSI)
         if step.stdout:
             stdout = terminal_safe(step.stdout, out_tty)
-            click.echo(stdout, nl=not stdout.endswith("\n"))
+            click.echo(stdout, nl=not stdout.endswith("\n"), color=True)
         if step.stderr:
             stderr = terminal_safe(step.stderr, err_tty)
-            click.echo(stderr, nl=not stderr.endswith("\n"), err=True)
+            click.echo(stderr, nl=not stderr.endswith("\n"), err=True, color=True)
         if step.message:
             click.echo(f"    {escape_controls(step.message, err_tty)}", err=True)
     tail = f": {escape_controls(result.message, err_tty)}" if result.message else ""

@@ -1,0 +1,158 @@
+"""Docker-only holes of the second review: shared uids across jobs, leftovers that
+outlive their step, containers that outlive `sandfarm run`, and a reaper that judged
+owners by pids of its own namespace."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox_core import get_backend, parse_spec
+from sandbox_core.backends.docker.containers import LABEL, Owner, reap_orphans
+from tests.conftest import require
+from tests.security.conftest import docker_status
+from tests.security.helpers import new_marker, pids_with_marker, wait_gone
+
+SANDFARM = str(Path(sys.executable).parent / "sandfarm")
+
+
+@pytest.fixture(scope="module")
+def docker_backend():
+    ok, reason = docker_status()
+    require(ok, reason)
+    backend = get_backend("docker")
+    yield backend
+    backend.close()
+
+
+def _client():
+    import docker
+
+    return docker.from_env(timeout=30)
+
+
+# Stops every tar the job's uid runs (the farm's file helper is a tar in the container).
+STOPPER = (
+    "setsid sh -c 'while :; do for p in /proc/[0-9]*; do"
+    ' [ "$(cat $p/comm 2>/dev/null)" = tar ] && kill -STOP ${{p#/proc/}};'
+    " done; done; : {marker}' >/dev/null 2>&1 &"
+)
+
+
+def test_a_leftover_cannot_hold_the_sandbox_past_the_deadline(docker_backend):
+    marker = new_marker()
+    seen: list[int] = []
+    done: dict = {}
+    spec = {
+        "steps": [
+            {"kind": "bash", "command": STOPPER.format(marker=marker) + " sleep 0.5; echo started"},
+            {"kind": "write_file", "path": "a.txt", "content": "after"},
+            {"kind": "bash", "command": "cat a.txt"},
+        ],
+        "limits": {"timeout_s": 3},
+    }
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: done.update(r=docker_backend.run(parse_spec(spec))))
+    thread.start()
+    while thread.is_alive():
+        seen = seen or pids_with_marker(marker)  # the stopper, seen from the host
+        time.sleep(0.02)
+    elapsed = time.monotonic() - started
+    result = done["r"]
+    assert seen, "the stopper never ran"
+    assert result.steps[0].stdout == "started\n", result
+    assert elapsed < 3 + 10, elapsed  # never the old 60 s helper deadline
+    assert result.steps[1].status == "succeeded", result  # swept before the file step
+    assert result.steps[2].stdout == "after", result
+    assert wait_gone(marker) == []
+
+
+DAEMONS = """
+import os, subprocess, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("python3", ["python3", "-c", "import time; time.sleep(300)", "{marker}"])
+    os._exit(0)
+subprocess.Popen(["setsid", "-f", "python3", "-c", "import time; time.sleep(300)", "{marker}"])
+time.sleep(0.5)
+print("started", flush=True)
+"""
+
+
+@pytest.mark.no_backend  # runs the real CLI in a subprocess; its own controls below
+def test_sandfarm_run_leaves_no_container_or_process(is_root):
+    ok, reason = docker_status()
+    require(ok, reason)
+    marker = new_marker()
+    seen: list[int] = []
+    proc = subprocess.Popen(
+        [SANDFARM, "run", "--backend", "docker", "--json", "--code", DAEMONS.format(marker=marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen = seen or pids_with_marker(marker)  # seen from the host's pid namespace
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=60)
+    result = json.loads(out)
+    assert result["steps"][0]["stdout"] == "started\n", (result, err)
+    assert len(seen) >= 1, "the daemons never started"  # the attack ran
+    assert wait_gone(marker, timeout_s=0.5) == []  # ...and nothing of it outlives the CLI
+    owned = _client().api.containers(
+        all=True, filters={"label": [f"{LABEL}=1", f"sandfarm.pid={proc.pid}"]}
+    )
+    assert owned == []
+
+
+UNSHARED_REAPER = """
+import sys
+from sandbox_core.backends.docker.containers import reap_orphans
+import docker
+print("removed", reap_orphans(docker.from_env()))
+"""
+
+
+@pytest.mark.no_backend  # creates its containers by hand; its own controls below
+def test_a_reaper_in_another_pid_namespace_spares_live_owners(is_root):
+    ok, reason = docker_status()
+    require(ok, reason)
+    require(is_root, "unshare --pid needs root")
+    client = _client()
+    mine = Owner.this_process("test-owner").labels()
+    alive = client.containers.run(
+        "sandfarm/sandbox:latest", ["sleep", "300"], detach=True, labels=mine
+    ).id
+    dead_labels = {**mine, "sandfarm.pid": "999999999", "sandfarm.start": "1"}
+    dead = client.containers.run(
+        "sandfarm/sandbox:latest", ["sleep", "300"], detach=True, labels=dead_labels
+    ).id
+    try:
+        # A reaper inside a fresh pid namespace (a worker in a container) sees neither
+        # owner's pid: it must leave both alone.
+        out = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", UNSHARED_REAPER],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert out.stdout.strip() == "removed 0", out
+        running = {c.id for c in client.containers.list(filters={"label": f"{LABEL}=1"})}
+        assert {alive, dead} <= running
+        # Control: a reaper in our namespace can judge, and removes only the dead one.
+        assert reap_orphans(client) >= 1
+        running = {c.id for c in client.containers.list(filters={"label": f"{LABEL}=1"})}
+        assert alive in running and dead not in running
+    finally:
+        for container in (alive, dead):
+            with contextlib.suppress(Exception):  # already gone
+                client.api.remove_container(container, force=True)

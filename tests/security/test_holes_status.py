@@ -1,0 +1,50 @@
+"""A job cannot choose its own status: statuses come from what the kernel says (the real
+wait status, the CPU time used, the memory cgroup's OOM kills), never from an exit code,
+a signal it sent itself or an error message it printed.
+
+Each fake is paired with the real thing, which must still read right (the control).
+"""
+
+from __future__ import annotations
+
+from sandbox_core import Status
+
+
+def _one(result):
+    assert result.steps, result
+    return result.steps[0]
+
+
+def test_exit_152_is_a_failure_not_a_cpu_timeout(run):
+    step = _one(run(command="exit 152"))
+    assert (step.status, step.exit_code, step.signal) == ("failed", 152, None), step
+
+
+def test_exit_137_is_a_failure_not_a_kill(run):
+    step = _one(run(command="exit 137"))
+    assert (step.status, step.exit_code, step.signal) == ("failed", 137, None), step
+    # Control: a real SIGKILL still reads as one.
+    killed = _one(run(command="kill -9 $$"))
+    assert (killed.status, killed.signal) == ("crashed", 9), killed
+
+
+def test_a_self_sent_sigxcpu_is_not_the_cpu_limit(run):
+    step = _one(run(command="kill -XCPU $$", limits={"cpu_s": 5}))
+    assert step.status == "crashed" and step.signal == 24, step
+    # Control: spending the CPU limit is a timeout.
+    spent = run(code="while True: pass", limits={"cpu_s": 1, "timeout_s": 20})
+    assert spent.status == Status.TIMED_OUT and "CPU" in (spent.steps[0].message or ""), spent
+
+
+def test_printing_memory_error_is_not_memory_exceeded(run):
+    fake = run(code="import sys\nprint('MemoryError: out of memory', file=sys.stderr)\nsys.exit(1)")
+    step = _one(fake)
+    assert "MemoryError" in step.stderr, step  # it did print the lie
+    assert fake.status == Status.FAILED, fake
+    # Control: really exceeding the memory limit is memory_exceeded.
+    real = run(
+        code="x = bytearray(400 << 20)\nx[::4096] = b'y' * len(x[::4096])\nprint('ALLOC')",
+        limits={"memory_mb": 128},
+    )
+    assert real.status == Status.MEMORY_EXCEEDED, real
+    assert "ALLOC" not in real.steps[0].stdout
