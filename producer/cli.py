@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from producer.commands import batch, farm, local
+from producer.commands import batch, farm, jobs, local
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,6 +15,7 @@ def main() -> None:
 
 local.register(main)
 farm.register(main)
+jobs.register(main)
 batch.register(main)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +27,7 @@ from producer.protocol import (
     TASK_NAME,
     FarmScripts,
     Heartbeat,
+    IdConflictError,
     JobState,
     MessageMeta,
     Settings,
@@ -34,7 +35,9 @@ from producer.protocol import (
     get_settings,
     margins,
 )
+from producer.protocol.records import spec_hash
 from producer.protocol.scripts import loads
+from producer.waiting import WaitWatch
 from sandbox_core import JobResult, JobSpec, Limits, Status, parse_spec
 
 DEFAULT_BATCH = 1000
@@ -95,50 +98,78 @@ class FarmClient:
     ) -> list[str]:
         """Enqueue many jobs, pipelined; returns their ids in order.
 
-        A dict is validated first (SpecError names the field). Ids already submitted
-        (within the result TTL), or repeated in ``specs``, are returned but not sent.
+        A dict is validated first (SpecError names the field). An id already submitted
+        (within the result TTL) with the same spec, or repeated in ``specs``, is returned
+        but not sent again; an id taken by a different spec raises IdConflictError once
+        the rest are sent (its ``submitted`` lists their ids).
         """
         ids: list[str] = []
+        conflicts: list[str] = []
         chunk: list[JobSpec] = []
         for item in specs:
             spec = item if isinstance(item, JobSpec) else parse_spec(item)
             if spec.id is None:
                 spec = spec.model_copy(update={"id": uuid.uuid4().hex})
             assert spec.id is not None
-            ids.append(spec.id)
             chunk.append(spec)
             if len(chunk) >= batch:
-                self._send_chunk(chunk)
+                self._send_chunk(chunk, ids, conflicts)
                 chunk = []
         if chunk:
-            self._send_chunk(chunk)
+            self._send_chunk(chunk, ids, conflicts)
+        if conflicts:
+            raise IdConflictError(conflicts, ids)
         return ids
 
-    def _send_chunk(self, specs: list[JobSpec]) -> None:
+    def _send_chunk(self, specs: list[JobSpec], ids: list[str], conflicts: list[str]) -> None:
+        """Send the chunk's new jobs; append the accepted ids to ``ids``, the ids taken by
+        another spec to ``conflicts``."""
         now = datetime.now(UTC)
-        fresh: list[JobSpec] = []
-        seen: set[str] = set()
-        state = JobState(at=now, notify=self.done_key).dump()
-        pipe = self.redis.pipeline(transaction=False)
+        fresh: dict[str, tuple[JobSpec, dict[str, Any], str]] = {}
+        order: list[tuple[str, str]] = []
         for spec in specs:
             assert spec.id is not None
-            if spec.id in seen:
-                continue
-            seen.add(spec.id)
-            pipe.set(self.keys.job(spec.id), state, nx=True, ex=self.settings.result_ttl_s)
-            fresh.append(spec)
-        taken = pipe.execute()
-        to_send = [spec for spec, ok in zip(fresh, taken, strict=True) if ok]
+            compact = compact_spec(spec)
+            digest = spec_hash(compact)
+            order.append((spec.id, digest))
+            if spec.id not in fresh:
+                fresh[spec.id] = (spec, compact, digest)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, (_, _, digest) in fresh.items():
+            state = JobState(at=now, notify=self.done_key, spec=digest).dump()
+            pipe.set(self.keys.job(job_id), state, nx=True, ex=self.settings.result_ttl_s)
+        taken = dict(zip(fresh, pipe.execute(), strict=True))
+        known = self._known_hashes([job_id for job_id, ok in taken.items() if not ok])
+        to_send = [fresh[job_id] for job_id, ok in taken.items() if ok]
+        for job_id, digest in order:
+            if taken[job_id] or known.get(job_id) in (digest, ""):  # "": before hashes
+                ids.append(job_id)
+            else:
+                conflicts.append(job_id)
         if not to_send:
             return
         try:
             self._publish(to_send, now)
         except BaseException:
             # Unsent jobs must not look submitted, or resubmitting them would be a no-op.
-            self.redis.delete(*(self.keys.job(spec.id or "") for spec in to_send))
+            self.redis.delete(*(self.keys.job(spec.id or "") for spec, _, _ in to_send))
             raise
 
-    def _publish(self, specs: list[JobSpec], queued_at: datetime) -> None:
+    def _known_hashes(self, job_ids: list[str]) -> dict[str, str]:
+        """The spec hashes recorded for ids already taken (left out where the state is gone)."""
+        if not job_ids:
+            return {}
+        states = self.redis.mget([self.keys.job(job_id) for job_id in job_ids])
+        found: dict[str, str] = {}
+        for job_id, raw in zip(job_ids, states, strict=True):
+            state = loads(raw)
+            if state is not None:
+                found[job_id] = str(state.get("spec", ""))
+        return found
+
+    def _publish(
+        self, specs: list[tuple[JobSpec, dict[str, Any], str]], queued_at: datetime
+    ) -> None:
         app = self.celery
         queue = self.settings.queue
         with app.producer_or_acquire() as producer:
@@ -147,17 +178,22 @@ class FarmClient:
             self._publish_batch(app, producer, queue, specs, queued_at)
 
     def _publish_batch(
-        self, app: Celery, producer: Any, queue: str, specs: list[JobSpec], queued_at: datetime
+        self,
+        app: Celery,
+        producer: Any,
+        queue: str,
+        specs: list[tuple[JobSpec, dict[str, Any], str]],
+        queued_at: datetime,
     ) -> None:
         # kombu's publish batch sends the whole chunk in one pipelined round trip; a
         # failure raises, and the caller forgets the chunk so it can be resubmitted.
         with producer.batch(max_size=len(specs)):
-            for spec in specs:
+            for spec, compact, _ in specs:
                 assert spec.id is not None
                 meta = MessageMeta(id=spec.id, queued_at=queued_at, notify=self.done_key)
                 app.send_task(
                     TASK_NAME,
-                    args=[compact_spec(spec), meta.model_dump(mode="json", exclude_none=True)],
+                    args=[compact, meta.model_dump(mode="json", exclude_none=True)],
                     task_id=spec.id,
                     queue=queue,
                     producer=producer,
@@ -198,18 +234,34 @@ class FarmClient:
             time.sleep(min(delay, left))
             delay = min(delay * 2, 0.5)
 
+    def state(self, job_id: str) -> str:
+        """Where a job is: its final status, "running", "queued", or "unknown" (never
+        submitted here, or its result expired)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self.keys.result(job_id))
+        pipe.exists(self.keys.running(job_id))
+        pipe.exists(self.keys.job(job_id))
+        result, running, known = pipe.execute()
+        if result is not None:
+            return str(JobResult.model_validate_json(result).status.value)
+        return "running" if running else "queued" if known else "unknown"
+
     def as_completed(
         self,
         ids: Iterable[str],
         timeout: float | None = None,
         batch: int = DEFAULT_BATCH,
         rescan_s: float = 2.0,
+        notice: Callable[[str], None] | None = None,
     ) -> Iterator[JobResult]:
         """Yield each job's result once, as it finishes (those already done first).
 
-        Raises TimeoutError if ``timeout`` seconds pass with jobs unfinished.
+        Raises TimeoutError if ``timeout`` seconds pass with jobs unfinished (naming the
+        queue and its workers). ``notice`` hears, after a few idle seconds, that no
+        online worker consumes the queue (the wait goes on).
         """
         pending = set(ids)
+        watch = WaitWatch(self, notice)
         deadline = None if timeout is None else time.monotonic() + timeout
         for result in self.results(list(pending), batch).values():
             pending.discard(result.id or "")
@@ -218,22 +270,32 @@ class FarmClient:
         while pending:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise TimeoutError(f"{len(pending)} jobs not finished after {timeout}s")
+                raise TimeoutError(
+                    f"{len(pending)} jobs not finished after {timeout:g}s on {watch.describe()}"
+                )
+            watch.tick()
             block = 1.0 if deadline is None else max(0.01, min(1.0, deadline - now))
             popped = self.redis.blmpop(block, 1, self.done_key, direction="LEFT", count=batch)
+            found: list[JobResult] = []
             if popped:
                 done = [i.decode() if isinstance(i, bytes) else i for i in popped[1]]
                 wanted = [i for i in dict.fromkeys(done) if i in pending]
-                for result in self.results(wanted, batch).values():
-                    pending.discard(result.id or "")
-                    yield result
-                continue
-            if time.monotonic() - last_rescan >= rescan_s:
+                found = list(self.results(wanted, batch).values())
+            elif time.monotonic() - last_rescan >= rescan_s:
                 # Jobs announced to another client, or an announcement already popped.
-                for result in self.results(list(pending), batch).values():
-                    pending.discard(result.id or "")
-                    yield result
+                found = list(self.results(list(pending), batch).values())
                 last_rescan = time.monotonic()
+            for result in found:
+                pending.discard(result.id or "")
+                watch.progress()
+                yield result
+
+    def consumers(self) -> list[str]:
+        """Online workers (fresh heartbeats) that consume this client's queue."""
+        return [w["name"] for w in self.status()["workers"] if self.settings.queue in w["queues"]]
+
+    def where(self) -> str:
+        return f"queue {self.settings.queue} at {self.settings.redis_url}"
 
     # --- control ----------------------------------------------------------------------
 
@@ -273,12 +335,11 @@ class FarmClient:
         pipe.hgetall(keys.workers)
         pipe.get(keys.duplicates)
         queued, unacked, _, in_flight, beats, duplicates = pipe.execute()
-        stale_after = margins.heartbeat_stale_after(self.settings.reaper_interval_s)
         workers = []
         for name, raw in sorted(beats.items()):
             beat = Heartbeat.model_validate_json(raw)
             age = now - beat.ts
-            if age <= stale_after:
+            if age <= margins.heartbeat_stale_after(beat.interval_s):
                 info = beat.model_dump(mode="json")
                 workers.append({"name": name.decode(), **info, "age_s": round(age, 1)})
         return {

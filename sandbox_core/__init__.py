@@ -24,9 +24,9 @@ from sandbox_core.models import (
     StepResult,
     StepStatus,
     WriteFileStep,
-    parse_spec,
 )
 from sandbox_core.output import HeadTailBuffer
+from sandbox_core.validation import parse_spec
 
 __all__ = [
     "BACKEND_NAMES",

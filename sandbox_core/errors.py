@@ -12,6 +12,7 @@ and carries its data as attributes, not only as text.
     └── FarmError                                 the farm's own (producer.protocol.errors):
         ├── FarmUnavailableError (ConnectionError)    Redis does not answer: url, cause
         ├── SlotReservationError (RuntimeError)       no block of free slots for a worker
+        ├── IdConflictError (ValueError)              a job id already names another spec
         └── InputChangedError (RuntimeError)          a batch input changed mid-run
 
 Job problems (a job that fails, times out, floods) are never raised: they are statuses.

@@ -12,7 +12,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     model_validator,
 )
 
@@ -92,25 +91,33 @@ Source = Annotated[str, _bounded_text(d.MAX_SOURCE_BYTES)]
 Stdin = Annotated[str | None, Field(default=None, max_length=d.MAX_SOURCE_BYTES)]
 
 
-class BashStep(_Strict):
+class _Step(_Strict):
+    check: bool = Field(
+        True,
+        description="false: this step failing (non-zero exit, crash) does not fail the job;"
+        " its own status is still recorded, and limits (time, memory, output) still count",
+    )
+
+
+class BashStep(_Step):
     kind: Literal["bash"] = "bash"
     command: Source = Field(min_length=1)
     stdin: Stdin = None
 
 
-class PythonStep(_Strict):
+class PythonStep(_Step):
     kind: Literal["python"] = "python"
     code: Source = Field(min_length=1)
     stdin: Stdin = None
 
 
-class WriteFileStep(_Strict):
+class WriteFileStep(_Step):
     kind: Literal["write_file"] = "write_file"
     path: RelPath
     content: Source = ""
 
 
-class ReadFileStep(_Strict):
+class ReadFileStep(_Step):
     kind: Literal["read_file"] = "read_file"
     path: RelPath
 
@@ -206,6 +213,7 @@ class JobSpec(_Strict):
 class StepResult(_Strict):
     kind: str
     status: StepStatus
+    check: bool = True  # false: its failure did not count towards the job's status
     exit_code: int | None = None
     signal: int | None = None
     stdout: str = ""
@@ -253,28 +261,3 @@ class JobResult(_Strict):
     attempts: int = 0
     resources: ResourceUsage = Field(default_factory=ResourceUsage)
     labels: dict[str, str] = Field(default_factory=dict)
-
-
-def first_error(exc: ValidationError) -> SpecError:
-    """The first offending field of a ValidationError, with its value and the reason."""
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(part) for part in err["loc"])
-    ctx_error = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_error, SpecError):
-        field = f"{loc}.{ctx_error.field}" if loc else ctx_error.field
-        return SpecError(field, ctx_error.reason)
-    value = repr(err.get("input"))
-    if len(value) > 60:
-        value = value[:57] + "..."
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return SpecError(loc or "job", f"{err['msg']} (got {value}){more}", err.get("input"))
-
-
-def parse_spec(data: object) -> JobSpec:
-    """Validate raw data (a dict, or JSON text) into a JobSpec; SpecError names the field."""
-    try:
-        if isinstance(data, str | bytes):
-            return JobSpec.model_validate_json(data)
-        return JobSpec.model_validate(data)
-    except ValidationError as exc:
-        raise first_error(exc) from None

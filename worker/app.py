@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from celery import Celery, signals
+from celery.app import trace
 
 from producer.protocol import Settings, broker_config, get_settings, margins
 from worker import reservation
@@ -49,6 +50,10 @@ def worker_config(s: Settings) -> dict[str, object]:
         "worker_enable_remote_control": True,
     }
 
+
+# The worker log reads "Task sandfarm.execute[id] ran in 2.01s: timed_out 2.00s process",
+# never "succeeded" for a job that did not: Celery's "succeeded" means the task returned.
+trace.LOG_SUCCESS = "Task %(name)s[%(id)s] ran in %(runtime)ss: %(return_value)s"
 
 app = Celery("sandfarm", set_as_current=True)
 app.conf.update(worker_config(settings))

@@ -82,7 +82,6 @@ def worker_judge(client: redis.Redis | None, settings: Settings) -> WorkerAlive 
     stale or gone, unknown while Redis does not answer (never a reason to remove)."""
     if client is None:
         return None
-    stale = margins.heartbeat_stale_after(settings.reaper_interval_s)
 
     def alive(worker: str) -> bool | None:
         try:
@@ -91,7 +90,8 @@ def worker_judge(client: redis.Redis | None, settings: Settings) -> WorkerAlive 
             return None
         if raw is None:
             return False
-        return time.time() - Heartbeat.model_validate_json(raw).ts <= stale
+        beat = Heartbeat.model_validate_json(raw)
+        return time.time() - beat.ts <= margins.heartbeat_stale_after(beat.interval_s)
 
     return alive
 
@@ -140,6 +140,9 @@ def run(parent: int, name: str, base: int, size: int, interval: float, beats: bo
         slots=(base, base + size),
         uids=(slot_uid(base), slot_uid(base + size - 1)),
         concurrency=size,
+        queues=(settings.queue,),
+        backends=settings.served_backends,
+        interval_s=interval,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

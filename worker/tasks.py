@@ -19,6 +19,7 @@ from typing import Any
 import redis
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker.request import Request
 
 from producer.protocol import TASK_NAME, FarmScripts, MessageMeta, RunningRecord, connect
 from sandbox_core import JobResult, SpecError, Status, get_backend, parse_spec
@@ -110,7 +111,18 @@ def _meta_of(raw: object) -> MessageMeta | None:
         return None
 
 
+class ExecuteRequest(Request):
+    """Flower and the logs show the backend that runs a job, never "default"."""
+
+    @property
+    def argsrepr(self) -> str:
+        text = str(super().argsrepr)
+        return text.replace("backend=default", f"backend={settings.default_backend}", 1)
+
+
 class ExecuteTask(Task):  # Celery's Task is untyped (Any)
+    Request = ExecuteRequest
+
     # The code never goes to Flower or logs (the producer also sends argsrepr).
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
@@ -144,25 +156,27 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
         common["labels"] = {str(k): str(v) for k, v in list(spec["labels"].items())[:32]}
 
     if cancelled:
-        store(_final(job_id, Status.CANCELLED, "cancelled before it ran", **common), notify)
-        return "cancelled"
+        return summary(
+            _final(job_id, Status.CANCELLED, "cancelled before it ran", **common), notify
+        )
     if attempts > settings.max_attempts:
         message = f"job killed its worker {attempts - 1} times; not run again"
-        store(_final(job_id, Status.ERROR, message, **common), notify)
-        return "error"
+        return summary(_final(job_id, Status.ERROR, message, **common), notify)
     try:
         job = parse_spec(spec)
     except SpecError as exc:
-        store(_final(job_id, Status.REJECTED, str(exc), **common), notify)
-        return "rejected"
+        return summary(_final(job_id, Status.REJECTED, str(exc), **common), notify)
     job.id = job_id
     name = job.backend or settings.default_backend
+    if name not in settings.served_backends:
+        message = f"backend {name} is not served by {hostname} (it serves:"
+        message += f" {', '.join(settings.served_backends)})"
+        return summary(_final(job_id, Status.REJECTED, message, backend=name, **common), notify)
     try:
         backend = backend_for(name, hostname)
     except Exception as exc:  # missing engine / module: the farm cannot run this backend
         message = f"backend {name} unavailable on {hostname}: {type(exc).__name__}: {exc}"
-        store(_final(job_id, Status.ERROR, message, backend=name, **common), notify)
-        return "error"
+        return summary(_final(job_id, Status.ERROR, message, backend=name, **common), notify)
 
     try:
         with CancelWatch(keys.cancel(job_id), settings.cancel_poll_s) as cancel:
@@ -173,5 +187,23 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
     result.id = job_id
     result.worker = hostname
     result.attempts = attempts
+    return summary(result, notify)
+
+
+def summary(result: JobResult, notify: str | None) -> str:
+    """Store the result (first one wins) and say what happened, for Flower's result
+    column and the worker log: "failed exit=1 0.42s process" (never the output)."""
     stored = store(result, notify)
-    return result.status.value if stored else "duplicate"
+    codes = [s.exit_code for s in result.steps if s.exit_code not in (None, 0)]
+    signals = [s.signal for s in result.steps if s.signal]
+    parts = [result.status.value]
+    if codes:
+        parts.append(f"exit={codes[0]}")
+    if signals:
+        parts.append(f"signal={signals[0]}")
+    if result.timings.run_ms is not None:
+        parts.append(f"{result.timings.run_ms / 1000:.2f}s")
+    parts.append(result.backend or "-")
+    if not stored:
+        parts.append("(duplicate: not stored)")
+    return " ".join(parts)

@@ -14,7 +14,7 @@ loses nothing already received, and the farm's idempotent ids make the rerun saf
 
 from __future__ import annotations
 
-from producer.batch.lines import LineError, derive_id, parse_line
+from producer.batch.lines import LineError, derive_id, job_ids_of, parse_line
 from producer.batch.results import read_results
 from producer.batch.run import BatchClient, BatchReport, print_summary, run_batch
 from producer.batch.summary import Summary, percentile
@@ -25,6 +25,7 @@ __all__ = [
     "LineError",
     "Summary",
     "derive_id",
+    "job_ids_of",
     "parse_line",
     "percentile",
     "print_summary",

@@ -78,3 +78,13 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
             text = raw.strip()
             if text:
                 yield number, text
+
+
+def job_ids_of(path: Path, prefix: str | None = None) -> list[str]:
+    """The ids `batch run` gives the valid lines of ``path`` (to cancel a batch)."""
+    ids = []
+    for line_no, text in iter_lines(path):
+        item = parse_line(path.name, line_no, text, prefix)
+        if isinstance(item, JobSpec) and item.id is not None:
+            ids.append(item.id)
+    return ids

@@ -5,21 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
+from producer.commands.common import fail
 from sandbox_core import BACKEND_NAMES, JobResult, JobSpec, SpecError, get_backend, parse_spec
 from sandbox_core.errors import BackendUnavailableError
 
 # A job's sources and seeded files are bounded (sandbox_core.defaults); so is its file.
 MAX_JOB_FILE_BYTES = 16 * 1024 * 1024
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    """One line on stderr, then exit: bad input is 2, a farm failure 1."""
-    click.echo(f"sandfarm: error: {message}", err=True)
-    sys.exit(code)
 
 
 def spec_from_options(
@@ -135,6 +129,7 @@ def doctor(as_json: bool) -> None:
         try:
             backend = get_backend(settings.backend_config(name))
             try:
+                backend.ensure_available()  # one line for a missing engine, not one per row
                 report[name] = [p.__dict__ for p in backend.protections()]
             finally:
                 backend.close()
@@ -190,7 +185,10 @@ def run(
     except (BackendUnavailableError, ImportError) as exc:
         fail(f"backend {name}: {exc}", code=1)
     try:
+        sandbox.ensure_available()
         result = sandbox.run(spec)
+    except BackendUnavailableError as exc:
+        fail(f"backend {name}: {exc}", code=1)
     finally:
         sandbox.close()  # nothing of the job (a container) outlives the command
     print_result(result, as_json)

@@ -13,6 +13,7 @@ from producer.protocol.connection import connect
 from producer.protocol.errors import (
     FarmError,
     FarmUnavailableError,
+    IdConflictError,
     InputChangedError,
     SlotReservationError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "FarmScripts",
     "FarmUnavailableError",
     "Heartbeat",
+    "IdConflictError",
     "InputChangedError",
     "JobState",
     "Keys",

@@ -38,3 +38,41 @@ def connect(url: str, *, patient: bool = True) -> redis.Redis:
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         health_check_interval=HEALTH_CHECK_S,
     )
+
+
+def check(url: str) -> None:
+    """Raise FarmUnavailableError, with the cause in plain words, unless a Redis answers
+    at ``url`` within IMPATIENT_TIMEOUT_S (a command should fail in seconds, not retry
+    for a minute against a wrong port)."""
+    from producer.protocol.errors import FarmUnavailableError
+
+    try:
+        client = connect(url, patient=False)
+    except ValueError as exc:  # redis-py's refusal of the URL itself
+        raise FarmUnavailableError(url, str(exc)) from None
+    try:
+        client.ping()
+    except redis.AuthenticationError:
+        raise FarmUnavailableError(url, "authentication failed (wrong password?)") from None
+    except redis.ResponseError as exc:
+        raise FarmUnavailableError(url, f"Redis refused: {exc}") from None
+    except redis.TimeoutError:
+        raise FarmUnavailableError(url, f"no answer within {IMPATIENT_TIMEOUT_S:g}s") from None
+    except redis.ConnectionError as exc:
+        raise FarmUnavailableError(url, _plain(exc)) from None
+    finally:
+        client.close()
+
+
+def _plain(exc: Exception) -> str:
+    text = str(exc)
+    for needle, plain in (
+        ("Connection refused", "connection refused (is Redis running there?)"),
+        ("Name or service not known", "unknown host"),
+        ("Temporary failure in name resolution", "unknown host"),
+        ("No such file or directory", "no such socket"),
+        ("timed out", f"no answer within {IMPATIENT_TIMEOUT_S:g}s"),
+    ):
+        if needle in text:
+            return plain
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -27,6 +27,21 @@ class SlotReservationError(FarmError, RuntimeError):
         super().__init__(f"no block of {size} free sandbox slots {where} on this host")
 
 
+class IdConflictError(FarmError, ValueError):
+    """Job ids already taken by a different spec: a reused id never returns a stale result.
+
+    ``conflicts``: the refused ids; ``submitted``: the ids of the same call that were
+    accepted (new, or the same spec again), in order."""
+
+    def __init__(self, conflicts: list[str], submitted: list[str]) -> None:
+        self.conflicts = conflicts
+        self.submitted = submitted
+        shown = ", ".join(repr(i) for i in conflicts[:3]) + (" ..." if len(conflicts) > 3 else "")
+        super().__init__(
+            f"job id {shown} already names a different job (give another id, or the same spec)"
+        )
+
+
 class InputChangedError(FarmError, RuntimeError):
     """A batch input line changed between validation and submission."""
 

@@ -5,8 +5,10 @@ Unknown fields are ignored when reading (a newer peer may add some), never when 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,11 +29,13 @@ class MessageMeta(_Record):
 
 
 class JobState(_Record):
-    """``Keys.job``: taken (SET NX) when a job is submitted, so an id runs once."""
+    """``Keys.job``: taken (SET NX) when a job is submitted, so an id runs once; ``spec``
+    is the content hash of what the id names (the same id for another spec is refused)."""
 
     state: Literal["queued"] = "queued"
     at: datetime
     notify: str | None = None
+    spec: str = ""
 
 
 class RunningRecord(_Record):
@@ -50,4 +54,14 @@ class Heartbeat(_Record):
     slots: tuple[int, int]  # [first, last + 1)
     uids: tuple[int | None, int | None]
     concurrency: int
+    queues: tuple[str, ...] = ()  # what it consumes
+    backends: tuple[str, ...] = ()  # what it serves (the first: its default)
+    interval_s: float = 5.0  # how often it beats: staleness is judged by its own pace
     ts: float = 0.0  # epoch seconds of the beat
+
+
+def spec_hash(compact: dict[str, Any]) -> str:
+    """The content hash of a job as submitted (its compact spec, the id left out)."""
+    body = {k: v for k, v in compact.items() if k != "id"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]

@@ -11,18 +11,21 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from producer.protocol import margins
 from producer.protocol.keys import Keys
 from sandbox_core import defaults as d
+from sandbox_core.backends import BACKEND_NAMES
 from sandbox_core.backends.config import (
     BwrapConfig,
     DockerConfig,
     ProcessConfig,
     backend_config,
 )
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 class Settings(BaseSettings):
@@ -44,6 +47,11 @@ class Settings(BaseSettings):
         3, ge=1, description="deliveries of one job before it ends `error` (worker deaths)"
     )
     default_backend: str = Field("process", description="backend for jobs that name none")
+    backends: str = Field(
+        "process,bwrap,docker",
+        description="backends a worker serves, comma-separated (a job naming another is"
+        " rejected at once)",
+    )
     concurrency: int = Field(2, ge=1, description="sandbox slots (pool processes) per worker")
     slot_base: int | None = Field(
         None,
@@ -106,7 +114,27 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         if not self.key_prefix:
             raise ValueError("key_prefix must not be empty")
+        for name in (self.default_backend, *self.backends.split(",")):
+            if name.strip() and name.strip() not in BACKEND_NAMES:
+                raise ValueError(f"unknown backend {name.strip()!r}; choose from {BACKEND_NAMES}")
         return self
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme not in REDIS_SCHEMES:
+            raise ValueError(
+                f"{url!r} is not a Redis URL: it must start with "
+                + " or ".join(f"{s}://" for s in REDIS_SCHEMES)
+            )
+        return url
+
+    @property
+    def served_backends(self) -> tuple[str, ...]:
+        """What a worker serves: its default first, then the rest of ``backends``."""
+        names = [name.strip() for name in self.backends.split(",") if name.strip()]
+        return tuple(dict.fromkeys([self.default_backend, *names]))
 
     @property
     def visibility_timeout(self) -> float:

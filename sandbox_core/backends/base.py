@@ -95,6 +95,10 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
         """Release what the backend holds between jobs (slots, pools); idempotent."""
 
+    def ensure_available(self) -> None:  # noqa: B027 - optional hook
+        """Raise BackendUnavailableError (saying what to do) where this backend cannot run
+        at all here: no engine, no binary. Job-level protections are check()'s."""
+
     def required_protections(self, spec: JobSpec) -> list[str]:
         required = ["tree_kill", "uid_isolation"]
         if not spec.limits.network:
@@ -148,6 +152,7 @@ class Backend(ABC):
                 except (SandfarmError, OSError) as exc:  # the steps' results still stand
                     result.message = f"collecting files failed: {exc}"
             result.status = job_status(result.steps)
+            result.message = result.message or status_message(result.steps, result.status)
         except (ProtectionUnavailableError, PolicyError) as exc:
             result.status, result.message = Status.REJECTED, str(exc)
         except Exception as exc:  # the farm failed (never the job): keep what ran
@@ -180,29 +185,27 @@ class Backend(ABC):
                 stop_reason = "the job was cancelled"
             if stop_reason is None and not session.alive:
                 stop_reason = "the sandbox was killed"
+            skipped = StepResult(kind=step.kind, status=StepStatus.SKIPPED, check=step.check)
             if stop_reason is not None:
-                results.append(
-                    StepResult(kind=step.kind, status=StepStatus.SKIPPED, message=stop_reason)
-                )
+                results.append(skipped.model_copy(update={"message": stop_reason}))
                 continue
             try:
                 result = self._run_step(session, step, index, spec.limits, deadline, cancel)
             except Exception as exc:  # the farm failed in this step: say where, keep the rest
                 message = f"farm failure: {type(exc).__name__}: {exc}"
-                results.append(
-                    StepResult(kind=step.kind, status=StepStatus.SKIPPED, message=message)
-                )
+                results.append(skipped.model_copy(update={"message": message}))
                 raise
+            result.check = step.check
             results.append(result)
             if result.status in (StepStatus.TIMED_OUT, StepStatus.CANCELLED):
                 stop_reason = f"step {index} {result.status.value}"
-            elif spec.stop_on_error and result.status != StepStatus.SUCCEEDED:
+            elif spec.stop_on_error and result.status != StepStatus.SUCCEEDED and _counts(result):
                 stop_reason = f"stop_on_error after step {index} {result.status.value}"
 
     def _run_step(
         self,
         session: Session,
-        step: object,
+        step: BashStep | PythonStep | WriteFileStep | ReadFileStep,
         index: int,
         limits: Limits,
         deadline: float,
@@ -325,10 +328,31 @@ _SEVERITY = [
 ]
 
 
+_UNCHECKED_OK = (StepStatus.FAILED, StepStatus.CRASHED)
+
+
+def _counts(step: StepResult) -> bool:
+    return step.check or step.status not in _UNCHECKED_OK
+
+
 def job_status(steps: list[StepResult]) -> Status:
-    """The job's status: the first abnormal end (by severity) among its steps."""
-    seen = {step.status for step in steps}
+    """The job's status: the first abnormal end (by severity) among the steps that count
+    (a ``check: false`` step's failure does not; its limits still do)."""
+    seen = {step.status for step in steps if _counts(step)}
     for status in _SEVERITY:
         if status in seen:
             return Status(status.value)
     return Status.SUCCEEDED
+
+
+def status_message(steps: list[StepResult], status: Status) -> str | None:
+    """Which step decided a job's status, and how: "step 2 (bash) exited 1"."""
+    if status == Status.SUCCEEDED:
+        return None
+    for index, step in enumerate(steps):
+        if step.status.value != status.value or not _counts(step):
+            continue
+        if step.status == StepStatus.FAILED and step.exit_code is not None and not step.message:
+            return f"step {index} ({step.kind}) exited {step.exit_code}"
+        return f"step {index} ({step.kind}) {step.status.value}: {step.message or ''}".rstrip(": ")
+    return None

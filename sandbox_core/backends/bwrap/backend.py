@@ -34,7 +34,7 @@ from sandbox_core.backends.bwrap.host import (
 )
 from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
 from sandbox_core.childsetup import ChildSetup, bytes_memfd, mount_devpts
-from sandbox_core.errors import ProtectionUnavailableError
+from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
 from sandbox_core.models import ExecStep, JobSpec
 from sandbox_core.runner import ExecOutcome, signal_from_init_status
 from sandbox_core.seccomp import job_filter
@@ -161,6 +161,11 @@ class BwrapBackend(LocalBackend):
     def required_protections(self, spec: JobSpec) -> list[str]:
         required = [*super().required_protections(spec), "pid_namespace", "filesystem_isolation"]
         return [*required, "syscall_filter"]
+
+    def ensure_available(self) -> None:
+        found = probe()
+        if not found.ok:
+            raise BackendUnavailableError(f"{found.detail}; see ops/setup.sh")
 
     def check(self, spec: JobSpec) -> None:
         found = probe()

@@ -64,15 +64,22 @@ class DockerBackend(Backend):
 
     @cached_property
     def client(self) -> Any:
+        host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
         try:
             import docker
 
             client = docker.from_env(timeout=30)
             client.ping()
         except Exception as exc:  # the SDK raises several unrelated types here
-            raise BackendUnavailableError(f"no Docker engine answers: {exc}") from None
+            raise BackendUnavailableError(
+                f"no Docker engine at {host} ({_engine_cause(exc)});"
+                " start one with ops/install_docker.sh"
+            ) from None
         reap_orphans(client)
         return client
+
+    def ensure_available(self) -> None:
+        self.probe()
 
     # --- protections ----------------------------------------------------------------
 
@@ -227,6 +234,19 @@ class DockerBackend(Backend):
                 yield session
             finally:
                 session.close()
+
+
+def _engine_cause(exc: Exception) -> str:
+    text = str(exc)
+    for needle, plain in (
+        ("No such file or directory", "no such socket"),
+        ("Connection refused", "connection refused"),
+        ("Permission denied", "permission denied on the socket"),
+        ("Read timed out", "no answer"),
+    ):
+        if needle in text:
+            return plain
+    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def slot_uid(slot: slots.Slot) -> int:
