@@ -110,11 +110,11 @@ wait_for 60 "worker $worker_name" worker_online
 prefix="demo-$(date +%Y%m%d%H%M%S)-$$"
 inputs=(examples/trajectories.jsonl examples/humaneval.jsonl examples/invalid.jsonl)
 log "batch: ${inputs[*]} -> $results"
-"$BIN/sandfarm" batch run "${inputs[@]}" -o "$results" --id-prefix "$prefix" --timeout 300 \
+"$BIN/sandfarm" batch run "${inputs[@]}" -o "$results" --id-prefix "$prefix" --wait-timeout 300 \
   --progress
 
 log "the same command again: every id is already in $results, so nothing runs twice"
-"$BIN/sandfarm" batch run "${inputs[@]}" -o "$results" --id-prefix "$prefix" --timeout 60 \
+"$BIN/sandfarm" batch run "${inputs[@]}" -o "$results" --id-prefix "$prefix" --wait-timeout 60 \
   2>&1 | grep -E '^(resuming|[0-9]+ results|expected)'
 
 log "done: $(wc -l <"$results") lines in $results"

@@ -2,7 +2,7 @@
 # Install the system packages sandfarm needs on Debian, when missing and when root:
 # python3-venv (for the virtualenv), redis-server, bubblewrap, and the sandbox runtime
 # (the system python3 with pytest, which L1/L2 jobs run), a C compiler for the exec
-# helper, tini.
+# helper, tini, and Debian's chromium for the browser tests.
 set -euo pipefail
 log() { echo "[setup] $*" >&2; }
 
@@ -14,7 +14,8 @@ command -v bwrap >/dev/null || want+=(bubblewrap)
 python3 -c 'import venv, ensurepip' 2>/dev/null || want+=(python3-venv)
 command -v ip >/dev/null || want+=(iproute2)
 command -v cc >/dev/null || want+=(gcc libc6-dev)  # the sandbox's exec helper
-command -v tini >/dev/null || want+=(tini)  # bwrap jobs' pid 1 (reaps, no zombies)
+command -v tini >/dev/null || want+=(tini)  # bwrap's pid 1 where the exec helper is not built
+command -v chromium >/dev/null || want+=(chromium)  # the browser tests (Flower's pages)
 
 if [ ${#want[@]} -eq 0 ]; then
   log "system packages present"

@@ -35,6 +35,7 @@ from producer.protocol import (
     get_settings,
     margins,
 )
+from producer.protocol.connection import redact
 from producer.protocol.records import spec_hash
 from producer.protocol.scripts import loads
 from producer.waiting import WaitWatch
@@ -295,7 +296,7 @@ class FarmClient:
         return [w["name"] for w in self.status()["workers"] if self.settings.queue in w["queues"]]
 
     def where(self) -> str:
-        return f"queue {self.settings.queue} at {self.settings.redis_url}"
+        return f"queue {self.settings.queue} at {redact(self.settings.redis_url)}"
 
     # --- control ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 from celery import Celery, signals
 from celery.app import trace
@@ -16,6 +17,10 @@ from producer.protocol import Settings, broker_config, get_settings, margins
 from worker import reservation
 
 settings: Settings = get_settings()
+
+# A sandbox worker must be root (cgroups, namespaces, the slot uids; jobs never are), and
+# Celery's superuser warning is about pickled messages, which this worker never accepts.
+warnings.filterwarnings("ignore", message="You're running the worker with superuser")
 
 
 def worker_config(s: Settings) -> dict[str, object]:

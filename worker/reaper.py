@@ -171,15 +171,15 @@ def _loop(
             if client is not None:
                 with contextlib.suppress(Exception):
                     client.hdel(settings.keys.workers, name)
+        if alive and client is not None:  # first: a worker is online as soon as it starts
+            # Redis away: the broker reconnect logs it; keep reaping.
+            with contextlib.suppress(Exception):
+                beat(client, settings.keys.workers, name, info, margins.heartbeat_ttl(interval))
         try:
             sweep_free(settings.workspace_dir)
             reap_containers(worker_judge(client, settings))
         except Exception as exc:  # never let the reaper die of one bad slot
             print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
-        if alive and client is not None:
-            # Redis away: the broker reconnect logs it; keep reaping.
-            with contextlib.suppress(Exception):
-                beat(client, settings.keys.workers, name, info, margins.heartbeat_ttl(interval))
         if orphaned_at is not None:
             ours = set(range(base, base + size))
             if not (dirty_slots(settings.workspace_dir) & ours) or (

@@ -6,27 +6,21 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from producer.batch.lines import LineError, iter_lines, parse_line
-from producer.batch.results import ResultsWriter, load_previous
-from producer.batch.summary import STATUS_STYLES, Summary
-from producer.protocol import InputChangedError
+from producer.batch import ledger
+from producer.batch.lines import Defaults, LineError, iter_lines, parse, parse_line
+from producer.batch.progress import BatchProgress
+from producer.batch.results import Previous, ResultsWriter, load_previous
+from producer.batch.summary import Summary
+from producer.protocol import IdConflictError, InputChangedError
 from sandbox_core import JobResult, JobSpec, SpecError
 
 DEFAULT_CHUNK = 500
@@ -39,24 +33,45 @@ class BatchClient(Protocol):
     def submit_many(self, specs: Iterable[JobSpec]) -> list[str]: ...
 
     def as_completed(
-        self, ids: Sequence[str], timeout: float | None = None
+        self,
+        ids: Sequence[str],
+        timeout: float | None = None,
+        *,
+        notice: Callable[[str], None] | None = None,
     ) -> Iterator[JobResult]: ...
+
+
+@dataclass(frozen=True)
+class BatchInput:
+    """An input file and the name its lines go by (derived ids, error records)."""
+
+    path: Path
+    name: str
+
+    @classmethod
+    def of(cls, item: Path | BatchInput) -> BatchInput:
+        return item if isinstance(item, BatchInput) else cls(item, item.name)
 
 
 @dataclass
 class BatchReport:
     summary: Summary
     lines: int = 0  # non-blank input lines
-    invalid: int = 0
+    invalid: int = 0  # bad JSON, bad spec, repeated id, id taken by another job
+    conflicts: int = 0  # of those: ids the farm holds for a different spec
     resumed: int = 0  # valid lines whose result was already in RESULTS
-    submitted: int = 0
+    submitted: int = 0  # accepted by the farm in this run
     received: int = 0
+    earlier: int = 0  # of those: done before this run began (the farm's stored result)
     missing: int = 0  # submitted or pending, no result before the deadline
     elapsed_s: float = 0.0
+    interrupted: bool = False  # Ctrl-C
+    unanswered: list[str] = field(default_factory=list)  # submitted here, no result yet
+    maybe_submitted: list[str] = field(default_factory=list)  # the submit Ctrl-C cut short
 
     @property
     def completed(self) -> bool:
-        return self.missing == 0
+        return self.missing == 0 and not self.interrupted
 
 
 @dataclass(frozen=True)
@@ -66,126 +81,153 @@ class _Pending:
     job_id: str
 
 
-def _progress(console: Console, enabled: bool) -> Progress:
-    return Progress(
-        SpinnerColumn(),
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[tally]}"),
-        console=console,
-        disable=not enabled,
-        transient=False,
+def conflict_error(file: str, line: int, job_id: str) -> LineError:
+    return LineError(
+        file,
+        line,
+        f"id: {job_id!r} already names a different job (the farm holds another spec"
+        " under it): give this line another id, or run with a new --id-prefix",
     )
 
 
-def _tally(counts: Counter[str]) -> str:
-    return " ".join(
-        f"[{STATUS_STYLES.get(name, '')}]{name} {count}[/]" for name, count in counts.most_common()
-    )
+class _Run:
+    """One invocation's state: what is pending, in flight, received."""
 
+    def __init__(
+        self,
+        inputs: Sequence[BatchInput],
+        out: ResultsWriter,
+        prev: Previous,
+        client: BatchClient,
+        err: Console,
+        *,
+        id_prefix: str | None,
+        defaults: Defaults | None,
+        recorded: ledger.Recorded | None,
+    ) -> None:
+        self.inputs, self.out, self.prev, self.client, self.err = inputs, out, prev, client, err
+        self.id_prefix, self.defaults, self.recorded = id_prefix, defaults, recorded
+        self.summary = Summary()
+        self.report = BatchReport(summary=self.summary)
+        self.began = datetime.now(UTC)  # results that started before this are not new
+        self.pending: list[_Pending] = []
+        self.where: dict[str, tuple[str, int]] = {}  # id -> (file, line), for conflicts
+        self.inflight: dict[str, None] = {}  # insertion-ordered set
+        self.sending: list[str] = []  # ids of a submit_many call under way
+        self.sent = 0  # pending specs whose submit_many call returned
 
-def run_batch(
-    inputs: Sequence[Path],
-    output: Path,
-    client: BatchClient,
-    *,
-    chunk: int = DEFAULT_CHUNK,
-    window: int | None = None,
-    timeout: float | None = None,
-    id_prefix: str | None = None,
-    stderr: Console | None = None,
-    progress: bool = True,
-) -> BatchReport:
-    """Run every valid line of ``inputs`` through ``client``; append results to ``output``.
+    def line_error(self, item: LineError) -> None:
+        self.report.invalid += 1
+        self.summary.invalid = self.report.invalid
+        self.err.print(
+            f"[yellow]{escape(item.file)}:{item.line}:[/] {escape(item.error)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        if (item.file, item.line) not in self.prev.errors:
+            self.out.write(json.dumps(item.record()))
 
-    ``chunk`` specs go to the farm per ``submit_many`` call; at most ``window`` jobs
-    (default 20 chunks) are in flight, topped up whenever half of them have finished.
-    ``timeout`` bounds the whole wait for results: jobs without a result by then are
-    counted as missing, and a rerun resumes them.
-    """
-    if chunk < 1:
-        raise SpecError("chunk", "must be at least 1", chunk)
-    window = max(window or DEFAULT_WINDOW_CHUNKS * chunk, chunk)
-    err = stderr or Console(stderr=True)
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    names = [path.name for path in inputs]
-    prev = load_previous(output)
-    summary = Summary()
-    report = BatchReport(summary=summary)
+    def notice(self, message: str) -> None:
+        # The bar's own console: the line goes above the live bar, which stays intact.
+        self.err.print(f"sandfarm: {message}", markup=False, highlight=False, soft_wrap=True)
 
-    with output.open("a", encoding="utf-8") as fh:
-        out = ResultsWriter(fh)
-        if prev.needs_newline:  # the last run died mid-line: keep the torn line on its own
-            fh.write("\n")
-            fh.flush()
+    # --- pass 1: validate every line, report the bad ones, decide what still runs -----
 
-        # Pass 1: validate every line, report the bad ones, decide what still has to run.
-        pending: list[_Pending] = []
+    def validate(self) -> None:
+        report = self.report
+        resumed: list[tuple[str, str, int]] = []  # (id, file, line)
+        to_check: dict[str, str] = {}  # resumed lines' own ids -> their spec's hash now
         seen: dict[str, tuple[str, int]] = {}
-        for index, path in enumerate(inputs):
-            for line_no, text in iter_lines(path):
+        for index, source in enumerate(self.inputs):
+            for line_no, text in iter_lines(source.path):
                 report.lines += 1
-                item = parse_line(names[index], line_no, text, id_prefix)
+                parsed = parse(source.name, line_no, text, self.id_prefix, self.defaults)
+                item = parsed.item
                 if isinstance(item, JobSpec):
                     job_id = item.id
-                    assert job_id is not None  # parse_line always gives one
+                    assert job_id is not None  # parse always gives one
                     first = seen.get(job_id)
                     if first is not None:
                         item = LineError(
-                            names[index],
+                            source.name,
                             line_no,
                             f"id: {job_id!r} is already used by {first[0]} line {first[1]}",
                         )
                     else:
-                        seen[job_id] = (names[index], line_no)
+                        seen[job_id] = (source.name, line_no)
                 if isinstance(item, LineError):
-                    report.invalid += 1
-                    err.print(
-                        f"[yellow]{item.file}:{item.line}:[/] {escape(item.error)}",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-                    if (item.file, item.line) not in prev.errors:
-                        out.write(json.dumps(item.record()))
+                    self.line_error(item)
                     continue
                 assert item.id is not None
-                if item.id in prev.results:
-                    report.resumed += 1
-                    summary.add(prev.results[item.id])
+                if item.id in self.prev.results:
+                    resumed.append((item.id, source.name, line_no))
+                    if parsed.explicit and self.recorded is not None:
+                        to_check[item.id] = ledger.digest(item)
                 else:
-                    pending.append(_Pending(index, line_no, item.id))
-        summary.invalid = report.invalid
-        if report.resumed:
-            err.print(
-                f"resuming: {report.resumed} jobs already in {output}",
-                highlight=False,
-                soft_wrap=True,
-                markup=False,
-            )
+                    self.pending.append(_Pending(index, line_no, item.id))
+                    self.where[item.id] = (source.name, line_no)
+        stale = ledger.changed(self.recorded, to_check) if to_check and self.recorded else set()
+        for job_id, name, line_no in resumed:
+            if job_id in stale:  # RESULTS holds the verdict of the line's old spec
+                report.conflicts += 1
+                self.line_error(conflict_error(name, line_no, job_id))
+            else:
+                report.resumed += 1
+                self.summary.add(self.prev.results[job_id])
 
-        # Pass 2: stream the pending specs to the farm and collect results as they finish.
-        specs = _iter_specs(inputs, names, pending, id_prefix)
-        inflight: dict[str, None] = {}  # insertion-ordered set
-        exhausted = not pending
-        fresh: Counter[str] = Counter()
-        bar = _progress(err, progress and bool(pending))
+    # --- pass 2: stream the pending specs, collect results as they finish -------------
+
+    def submit(self, batch: list[JobSpec]) -> None:
+        self.sending = [spec.id or "" for spec in batch]
+        try:
+            accepted = self.client.submit_many(batch)
+        except IdConflictError as exc:  # the others were sent: only these lines fail
+            accepted = exc.submitted
+            for job_id in exc.conflicts:
+                name, line_no = self.where.get(job_id, ("?", 0))
+                self.report.conflicts += 1
+                self.line_error(conflict_error(name, line_no, job_id))
+        self.sending = []
+        self.sent += len(batch)
+        for job_id in accepted:
+            self.inflight[job_id] = None
+        self.report.submitted += len(accepted)
+
+    def receive(self, result: JobResult) -> None:
+        del self.inflight[result.id or ""]
+        self.out.write(result.model_dump_json())
+        self.summary.add(
+            {
+                "id": result.id,
+                "status": result.status.value,
+                "timings": result.timings.model_dump(mode="json"),
+                "labels": result.labels,
+            }
+        )
+        self.report.received += 1
+        started = result.timings.started_at or result.timings.finished_at
+        if started is not None:
+            if started.tzinfo is None:
+                started = started.replace(tzinfo=UTC)
+            # worker and client clocks are assumed to agree (NTP): skew shifts this line
+            if started < self.began:  # the same id and spec, answered by an earlier run
+                self.report.earlier += 1
+
+    def stream(self, bar: BatchProgress, chunk: int, window: int, deadline: float | None) -> None:
+        specs = _iter_specs(self.inputs, self.pending, self.id_prefix, self.defaults)
+        exhausted = not self.pending
+        counts: Counter[str] = Counter()
         with bar:
-            task = bar.add_task("jobs", total=len(pending), tally="")
+            task = bar.add_task("jobs", total=len(self.pending), counts=counts)
             while True:
-                while not exhausted and len(inflight) < window:
-                    size = min(chunk, window - len(inflight))
+                while not exhausted and len(self.inflight) < window:
+                    size = min(chunk, window - len(self.inflight))
                     batch = [s for _, s in zip(range(size), specs, strict=False)]
-                    if len(batch) < size:
-                        exhausted = True
+                    exhausted = len(batch) < size
                     if batch:
-                        for job_id in client.submit_many(batch):
-                            inflight[job_id] = None
-                        report.submitted += len(batch)
-                if not inflight:
+                        self.submit(batch)
+                        bar.update(task, total=len(self.pending) - self.report.conflicts)
+                if not self.inflight:
                     break
                 # Collect until half the window is free (or, once all are sent, until the
                 # end). Leaving as_completed early costs nothing: its next call begins by
@@ -194,55 +236,135 @@ def run_batch(
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 got_any = False
                 try:
-                    for result in client.as_completed(list(inflight), timeout=remaining):
-                        if result.id not in inflight:
+                    results = self.client.as_completed(
+                        list(self.inflight), timeout=remaining, notice=self.notice
+                    )
+                    for result in results:
+                        if result.id not in self.inflight:
                             continue  # never write a second line for one job
-                        del inflight[result.id]
                         got_any = True
-                        out.write(result.model_dump_json())
-                        record = {
-                            "id": result.id,
-                            "status": result.status.value,
-                            "timings": result.timings.model_dump(mode="json"),
-                            "labels": result.labels,
-                        }
-                        summary.add(record)
-                        fresh[result.status.value] += 1
-                        report.received += 1
-                        bar.update(task, advance=1, tally=_tally(fresh))
-                        if len(inflight) <= low_water:
+                        self.receive(result)
+                        counts[result.status.value] += 1
+                        bar.update(task, advance=1, counts=counts)
+                        if len(self.inflight) <= low_water:
                             break
                 except TimeoutError:
                     pass
-                if deadline is not None and time.monotonic() >= deadline and inflight:
+                if deadline is not None and time.monotonic() >= deadline and self.inflight:
                     break
-                if not got_any and inflight:
+                if not got_any and self.inflight:
                     time.sleep(0.05)  # as_completed returned early: do not spin
-        report.missing = len(inflight) + (len(pending) - report.submitted)
+
+    def finish(self) -> BatchReport:
+        report = self.report
+        report.missing = len(self.inflight) + len(self.pending) - self.sent
+        report.unanswered = list(self.inflight)
+        report.maybe_submitted = list(self.sending)
+        return report
+
+
+def run_batch(
+    inputs: Sequence[Path | BatchInput],
+    output: Path | IO[str],
+    client: BatchClient,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    window: int | None = None,
+    wait_timeout: float | None = None,
+    id_prefix: str | None = None,
+    defaults: Defaults | None = None,
+    stderr: Console | None = None,
+    progress: bool = True,
+    recorded: ledger.Recorded | None = None,
+) -> BatchReport:
+    """Run every valid line of ``inputs`` through ``client``; append results to ``output``.
+
+    ``output`` is RESULTS (a path: ids already answered there are skipped) or a stream
+    (nothing to resume from). ``chunk`` specs go to the farm per ``submit_many`` call; at
+    most ``window`` jobs (default 20 chunks) are in flight, topped up whenever half of them
+    have finished. ``wait_timeout`` bounds the whole wait for results: jobs without one by
+    then are counted as missing, and a rerun resumes them. ``defaults`` fill in what lines
+    leave unset. ``recorded`` looks up the spec hashes the farm holds (default: the
+    client's own, for a FarmClient), so a resumed line whose own id now names another spec
+    is refused instead of resumed. Ctrl-C ends the run with ``report.interrupted`` set.
+    """
+    if chunk < 1:
+        raise SpecError("chunk", "must be at least 1", chunk)
+    window = max(window or DEFAULT_WINDOW_CHUNKS * chunk, chunk)
+    err = stderr or Console(stderr=True)
+    started = time.monotonic()
+    deadline = None if wait_timeout is None else started + wait_timeout
+    sources = [BatchInput.of(item) for item in inputs]
+    if recorded is None:
+        recorded = ledger.farm_recorded(client)
+    to_file = isinstance(output, Path)
+    prev = load_previous(output) if isinstance(output, Path) else Previous()
+    fh = output.open("a", encoding="utf-8") if isinstance(output, Path) else output
+    try:
+        run = _Run(
+            sources,
+            ResultsWriter(fh),
+            prev,
+            client,
+            err,
+            id_prefix=id_prefix,
+            defaults=defaults,
+            recorded=recorded,
+        )
+        if prev.needs_newline:  # the last run died mid-line: keep the torn line on its own
+            run.out.write("")
+        try:
+            run.validate()
+            if run.report.resumed:
+                err.print(
+                    f"resuming: {run.report.resumed} jobs already in {output}",
+                    highlight=False,
+                    soft_wrap=True,
+                    markup=False,
+                )
+            bar = BatchProgress(err, enabled=progress and bool(run.pending))
+            run.stream(bar, chunk, window, deadline)
+        except KeyboardInterrupt:
+            run.report.interrupted = True
+    finally:
+        if to_file:
+            fh.close()
+    report = run.finish()
     report.elapsed_s = time.monotonic() - started
     return report
 
 
 def _iter_specs(
-    inputs: Sequence[Path], names: Sequence[str], pending: list[_Pending], prefix: str | None
+    inputs: Sequence[BatchInput],
+    pending: list[_Pending],
+    prefix: str | None,
+    defaults: Defaults | None,
 ) -> Iterator[JobSpec]:
     """Re-read the inputs and yield the pending lines' specs, in input order."""
     wanted: dict[tuple[int, int], str] = {(p.file_index, p.line): p.job_id for p in pending}
-    for index, path in enumerate(inputs):
+    for index, source in enumerate(inputs):
         if not any(key[0] == index for key in wanted):
             continue
-        for line_no, text in iter_lines(path):
+        for line_no, text in iter_lines(source.path):
             job_id = wanted.get((index, line_no))
             if job_id is None:
                 continue
-            item = parse_line(names[index], line_no, text, prefix)
+            item = parse_line(source.name, line_no, text, prefix, defaults)
             if not isinstance(item, JobSpec) or item.id != job_id:
-                raise InputChangedError(str(path), line_no)
+                raise InputChangedError(source.name, line_no)
             yield item
 
 
-def print_summary(report: BatchReport, console: Console | None = None) -> None:
+def print_summary(
+    report: BatchReport, console: Console | None = None, missing_hint: str = "rerun to resume"
+) -> None:
     """The closing summary table."""
     (console or Console()).print(
-        report.summary.render(report.elapsed_s, resumed=report.resumed, missing=report.missing)
+        report.summary.render(
+            report.elapsed_s,
+            resumed=report.resumed,
+            missing=report.missing,
+            earlier=report.earlier,
+            missing_hint=missing_hint,
+        )
     )

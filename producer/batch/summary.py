@@ -73,7 +73,17 @@ class Summary:
     def jobs(self) -> int:
         return sum(self.statuses.values())
 
-    def render(self, elapsed_s: float | None = None, resumed: int = 0, missing: int = 0) -> Group:
+    def render(
+        self,
+        elapsed_s: float | None = None,
+        resumed: int = 0,
+        missing: int = 0,
+        earlier: int = 0,
+        missing_hint: str = "rerun to resume",
+    ) -> Group:
+        """``resumed``: results read back from RESULTS; ``earlier``: results the farm
+        handed back this run for jobs done before it began. Neither counts as new, so
+        jobs/s is this invocation's own rate."""
         counts = Table(title="sandfarm batch", title_justify="left", show_edge=False)
         counts.add_column("status")
         counts.add_column("jobs", justify="right")
@@ -97,17 +107,20 @@ class Summary:
             timing.add_row(name, _ms(percentile(values, 50)), _ms(percentile(values, 95)), _ms(top))
 
         parts: list[Any] = [counts, Text(""), timing, Text("")]
-        fresh = self.jobs - resumed
+        fresh = self.jobs - resumed - earlier
         line = f"{self.jobs} results"
         if elapsed_s and fresh:
             line += f": {fresh} new in {elapsed_s:.1f} s ({fresh / elapsed_s:.1f} jobs/s)"
+        if earlier:
+            line += f"; {earlier} already done before this run (stored results handed back)"
         if resumed:
             line += f"; {resumed} from an earlier run (resumed)"
         parts.append(Text(line))
         if self.invalid:
             parts.append(Text(f"{self.invalid} invalid input lines (see RESULTS and stderr)"))
         if missing:
-            parts.append(Text(f"{missing} still without a result: rerun to resume", "bold red"))
+            hint = f": {missing_hint}" if missing_hint else ""
+            parts.append(Text(f"{missing} still without a result{hint}", "bold red"))
         if self.expected:
             matched = self.expected - len(self.mismatches)
             style = "green" if not self.mismatches else "yellow"

@@ -26,6 +26,9 @@ redis_url_option = click.option(
 )
 
 
+FLOWER_COLUMNS = "name,uuid,result,args,state,received,runtime,worker"
+
+
 def register(group: click.Group) -> None:
     """Add the farm commands to the `sandfarm` group."""
     group.add_command(worker)
@@ -127,7 +130,18 @@ def flower(port: int | None, address: str, api: bool, redis_url: str | None) -> 
         env["FLOWER_UNAUTHENTICATED_API"] = "true"
     port = port or settings.flower_port
     _exec_celery(
-        ["-A", "producer.celery_app", "flower", f"--port={port}", f"--address={address}"], env
+        [
+            "-A",
+            "producer.celery_app",
+            "flower",
+            f"--port={port}",
+            f"--address={address}",
+            # the job's status, exit code, duration and backend (the task's result) and its
+            # code-free summary (args) next to Celery's own state, which is SUCCESS whenever
+            # the task returned
+            f"--tasks_columns={FLOWER_COLUMNS}",
+        ],
+        env,
     )
 
 

@@ -135,17 +135,32 @@ def result(
     help="cancel every job of this batch input file (as `batch run` named them)",
 )
 @click.option("--id-prefix", help="the --id-prefix the batch ran with")
+@click.option("--backend", "default_backend", help="the batch's --backend default")
+@click.option("--timeout", "default_timeout", type=float, help="the batch's --timeout default")
+@click.option("--memory-mb", "default_memory", type=int, help="the batch's --memory-mb default")
 @redis_url_option
 def cancel(
-    job_ids: tuple[str, ...], inputs: tuple[Path, ...], id_prefix: str | None, redis_url: str | None
+    job_ids: tuple[str, ...],
+    inputs: tuple[Path, ...],
+    id_prefix: str | None,
+    default_backend: str | None,
+    default_timeout: float | None,
+    default_memory: int | None,
+    redis_url: str | None,
 ) -> None:
     """Cancel jobs: a queued one ends `cancelled` without running, a running one is stopped.
 
-    Prints how many were cancelled, and how many were already final or unknown.
+    With --from, the batch's ids are those `batch run` gave its lines: give the same
+    --id-prefix and defaults it ran with. Prints how many were cancelled, and how many
+    were already final or unknown.
     """
     from producer.batch import job_ids_of
+    from producer.batch.lines import Defaults
 
-    ids = list(job_ids) + [job_id for path in inputs for job_id in job_ids_of(path, id_prefix)]
+    defaults = Defaults(default_backend, default_timeout, default_memory)
+    ids = list(job_ids) + [
+        job_id for path in inputs for job_id in job_ids_of(path, id_prefix, defaults)
+    ]
     if not ids:
         fail("give job ids, or --from a batch input file")
     with _client(redis_url) as client:

@@ -8,6 +8,8 @@ so a loop that must keep sweeping never stalls on a missing broker.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
@@ -19,6 +21,17 @@ SOCKET_TIMEOUT_S = 30.0  # a Redis that vanishes without closing the socket
 CONNECT_TIMEOUT_S = 5.0
 HEALTH_CHECK_S = 10
 IMPATIENT_TIMEOUT_S = 2.0
+
+
+def redact(url: str) -> str:
+    """``url`` fit to print: a password in it is replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.hostname or ""
+    netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def connect(url: str, *, patient: bool = True) -> redis.Redis:
@@ -46,20 +59,21 @@ def check(url: str) -> None:
     for a minute against a wrong port)."""
     from producer.protocol.errors import FarmUnavailableError
 
+    shown = redact(url)
     try:
         client = connect(url, patient=False)
     except ValueError as exc:  # redis-py's refusal of the URL itself
-        raise FarmUnavailableError(url, str(exc)) from None
+        raise FarmUnavailableError(shown, str(exc)) from None
     try:
         client.ping()
     except redis.AuthenticationError:
-        raise FarmUnavailableError(url, "authentication failed (wrong password?)") from None
+        raise FarmUnavailableError(shown, "authentication failed (wrong password?)") from None
     except redis.ResponseError as exc:
-        raise FarmUnavailableError(url, f"Redis refused: {exc}") from None
+        raise FarmUnavailableError(shown, f"Redis refused: {exc}") from None
     except redis.TimeoutError:
-        raise FarmUnavailableError(url, f"no answer within {IMPATIENT_TIMEOUT_S:g}s") from None
+        raise FarmUnavailableError(shown, f"no answer within {IMPATIENT_TIMEOUT_S:g}s") from None
     except redis.ConnectionError as exc:
-        raise FarmUnavailableError(url, _plain(exc)) from None
+        raise FarmUnavailableError(shown, _plain(exc)) from None
     finally:
         client.close()
 

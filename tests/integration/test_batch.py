@@ -192,16 +192,16 @@ def read_tolerant(path: Path) -> list[dict]:
     return list(read_results(path))
 
 
-def test_timeout_exits_1_and_rerun_completes(farm: str, marks: Path, tmp_path) -> None:
+def test_wait_timeout_exits_1_and_rerun_completes(farm: str, marks: Path, tmp_path) -> None:
     jobs = write_jobs(
         tmp_path / "slow.jsonl",
         [{"command": f"echo run >> {marks}/slow; sleep 2", "limits": {"timeout_s": 20}}],
     )
     out = tmp_path / "results.jsonl"
-    cut = sandfarm("batch", "run", str(jobs), "-o", str(out), "--timeout", "0.5", url=farm)
+    cut = sandfarm("batch", "run", str(jobs), "-o", str(out), "--wait-timeout", "0.5", url=farm)
     assert cut.returncode == 1, cut.stderr
     assert "1 jobs have no result yet; rerun to resume" in cut.stderr
-    done = sandfarm("batch", "run", str(jobs), "-o", str(out), "--timeout", "30", url=farm)
+    done = sandfarm("batch", "run", str(jobs), "-o", str(out), "--wait-timeout", "30", url=farm)
     assert done.returncode == 0, done.stderr
     assert [r["status"] for r in read(out)] == ["succeeded"]
     assert marked(marks) == {"slow": 1}

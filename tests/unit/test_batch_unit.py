@@ -3,54 +3,75 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
-from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from rich.console import Console
 
 from producer import batch as b
-from producer.cli import main
+from producer.protocol import IdConflictError
 from sandbox_core import JobResult, JobSpec, Status
 from sandbox_core.models import _ID_RE
 
 
+@dataclass
 class FakeClient:
-    """Answers every job at once (status from the ``fake`` label), except those in ``hang``."""
+    """Answers every job at once (status from the ``fake`` label), except those in ``hang``.
 
-    def __init__(self, hang: Iterable[str] = (), duplicate: bool = False) -> None:
-        self.hang = set(hang)
-        self.duplicate = duplicate
-        self.submitted: list[str] = []
-        self.calls: list[int] = []
-        self.answered: set[str] = set()
-        self.max_inflight = 0
+    ``taken``: ids the farm already holds for another spec (submit_many refuses them as
+    FarmClient does); ``done_before``: ids whose result started before this run."""
+
+    hang: Collection[str] = ()
+    duplicate: bool = False
+    taken: Collection[str] = ()
+    done_before: Collection[str] = ()
+    notices: list[str] = field(default_factory=list)
+    interrupt_after: int | None = None
+    submitted: list[str] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    answered: set[str] = field(default_factory=set)
+    cancelled: list[str] = field(default_factory=list)
+    specs: dict[str, JobSpec] = field(default_factory=dict)
+    max_inflight: int = 0
 
     def submit_many(self, specs: Iterable[JobSpec]) -> list[str]:
         specs = list(specs)
         self.calls.append(len(specs))
-        self.submitted += [s.id for s in specs]
-        self.specs = {**getattr(self, "specs", {}), **{s.id: s for s in specs}}
+        accepted = [s for s in specs if s.id not in self.taken]
+        self.submitted += [s.id for s in accepted]
+        self.specs.update({s.id: s for s in accepted})
         inflight = len(set(self.submitted) - self.answered)
         self.max_inflight = max(self.max_inflight, inflight)
-        return [s.id for s in specs]
+        conflicts = [s.id for s in specs if s.id in self.taken]
+        if conflicts:
+            raise IdConflictError(conflicts, [s.id for s in accepted])
+        return [s.id for s in accepted]
 
-    def as_completed(self, ids: Sequence[str], timeout: float | None = None) -> Iterator[JobResult]:
+    def as_completed(
+        self, ids: Sequence[str], timeout: float | None = None, *, notice=None
+    ) -> Iterator[JobResult]:
+        for message in self.notices:
+            notice(message)
+        self.notices = []
         for job_id in ids:
             if job_id in self.hang:
                 continue
+            if self.interrupt_after is not None and len(self.answered) >= self.interrupt_after:
+                raise KeyboardInterrupt
             spec = self.specs[job_id]
             self.answered.add(job_id)
+            now = datetime.now(UTC)
+            started = now - timedelta(hours=1) if job_id in self.done_before else now
             result = JobResult(
                 id=job_id,
                 status=Status(spec.labels.get("fake", "succeeded")),
                 labels=spec.labels,
                 timings={
-                    "queued_at": datetime.now(UTC),
+                    "queued_at": started,
+                    "started_at": started,
                     "run_ms": float(spec.labels.get("run_ms", 10)),
                     "queue_wait_ms": 1.0,
                 },
@@ -60,6 +81,13 @@ class FakeClient:
                 yield result
         if self.hang:
             raise TimeoutError("fake timeout")
+
+    def cancel(self, job_id: str) -> bool:
+        self.cancelled.append(job_id)
+        return job_id not in self.answered
+
+    def close(self) -> None:
+        pass
 
 
 def jsonl(path: Path, lines: list[object]) -> Path:
@@ -233,7 +261,7 @@ def test_chunks_and_window_bound_inflight(tmp_path: Path) -> None:
 def test_timeout_counts_missing(tmp_path: Path) -> None:
     jobs = jsonl(tmp_path / "j.jsonl", [{"command": "echo a"}, {"command": "sleep 1"}])
     stuck = b.derive_id("j.jsonl", 2, json.dumps({"command": "sleep 1"}))
-    report = run([jobs], tmp_path / "r.jsonl", FakeClient(hang=[stuck]), timeout=0.2)
+    report = run([jobs], tmp_path / "r.jsonl", FakeClient(hang=[stuck]), wait_timeout=0.2)
     assert report.received == 1 and report.missing == 1 and not report.completed
 
 
@@ -249,61 +277,164 @@ def test_several_inputs_one_results_file(tmp_path: Path) -> None:
     }
 
 
-# ---------------------------------------------------------------- CLI
+# ---------------------------------------------------------------- ids, prefixes, defaults
 
 
-@pytest.fixture
-def fake_farm(monkeypatch: pytest.MonkeyPatch) -> list[FakeClient]:
-    made: list[FakeClient] = []
-
-    def factory(redis_url: str | None = None) -> FakeClient:
-        made.append(FakeClient())
-        return made[-1]
-
-    module = types.ModuleType("producer.client")
-    module.FarmClient = factory  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "producer.client", module)
-    return made
-
-
-def test_cli_run_exit_0_whatever_the_statuses(tmp_path: Path, fake_farm) -> None:
-    jobs = mixed(tmp_path)
-    out = tmp_path / "r.jsonl"
-    res = CliRunner().invoke(main, ["batch", "run", str(jobs), "-o", str(out), "--chunk", "2"])
-    assert res.exit_code == 0, res.output
-    assert "timed_out" in res.stdout and "invalid" in res.stdout
-    assert "jobs.jsonl:2:" in res.stderr
-    assert len(results(out)) == 7
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["batch", "run", "{jobs}"],  # no -o
-        ["batch", "run", "{tmp}/missing.jsonl", "-o", "{tmp}/r.jsonl"],
-        ["batch", "run", "{jobs}", "-o", "{jobs}"],
-        ["batch", "run", "{jobs}", "{jobs}", "-o", "{tmp}/r.jsonl"],
-        ["batch", "run", "{jobs}", "-o", "{tmp}/r.jsonl", "--chunk", "0"],
-        ["batch", "run", "-o", "{tmp}/r.jsonl"],
-    ],
-)
-def test_cli_bad_usage_exits_2(tmp_path: Path, fake_farm, args: list[str]) -> None:
-    jobs = mixed(tmp_path)
-    argv = [a.format(jobs=jobs, tmp=tmp_path) for a in args]
-    res = CliRunner().invoke(main, argv)
-    assert res.exit_code == 2, res.output
-    assert not fake_farm or not fake_farm[0].submitted
-
-
-def test_cli_farm_failure_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(redis_url: str | None = None):
-        raise ConnectionError("Redis at redis://nowhere refused")
-
-    module = types.ModuleType("producer.client")
-    module.FarmClient = broken  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "producer.client", module)
-    res = CliRunner().invoke(
-        main, ["batch", "run", str(mixed(tmp_path)), "-o", str(tmp_path / "r")]
+def test_prefix_namespaces_explicit_ids_too() -> None:
+    assert b.parse_line("f", 1, '{"id": "mine", "code": "1"}', prefix="p1").id == "p1:mine"
+    derived = b.parse_line("f", 2, '{"code": "1"}', prefix="p1").id
+    assert derived == b.derive_id("f", 2, '{"code": "1"}', prefix="p1")
+    assert derived.startswith("p1:f:2:")
+    fits = json.dumps({"id": "x" * 125, "code": "1"})
+    assert b.parse_line("f", 3, fits, prefix="ab").id == "ab:" + "x" * 125  # 128 exactly
+    too_long = b.parse_line("f", 4, fits, prefix="abc")
+    assert isinstance(too_long, b.LineError)
+    assert too_long.error == (
+        f"id: {'x' * 125!r} is too long with --id-prefix 'abc': 129 characters, at most 128"
     )
-    assert res.exit_code == 1
-    assert "refused" in res.stderr
+
+
+def test_defaults_fill_only_what_a_line_leaves_unset() -> None:
+    defaults = b.Defaults(backend="bwrap", timeout_s=5.0, memory_mb=64)
+    bare = b.parse_line("f", 1, '{"command": "true"}', defaults=defaults)
+    assert (bare.backend, bare.limits.timeout_s, bare.limits.memory_mb) == ("bwrap", 5.0, 64)
+    own = '{"command": "true", "backend": "process", "limits": {"timeout_s": 9, "memory_mb": 99}}'
+    mine = b.parse_line("f", 2, own, defaults=defaults)
+    assert (mine.backend, mine.limits.timeout_s, mine.limits.memory_mb) == ("process", 9, 99)
+    # Not an object: the spec's own error, not a crash in the defaults.
+    assert b.parse_line("f", 3, '{"command": "true", "limits": 5}', defaults=defaults).error
+
+
+def test_a_default_that_changes_the_spec_changes_the_derived_id() -> None:
+    text = '{"command": "true"}'
+    plain = b.parse_line("f", 1, text).id
+    assert plain == b.derive_id("f", 1, text)  # no default taken: the id of old
+    five = b.parse_line("f", 1, text, defaults=b.Defaults(timeout_s=5.0)).id
+    six = b.parse_line("f", 1, text, defaults=b.Defaults(timeout_s=6.0)).id
+    assert len({plain, five, six}) == 3
+    own = '{"command": "true", "limits": {"timeout_s": 9}}'
+    assert b.parse_line("f", 1, own, defaults=b.Defaults(timeout_s=5.0)).id == b.derive_id(
+        "f", 1, own
+    )  # the line's own value wins, so the default does not touch its id
+
+
+# ---------------------------------------------------------------- conflicts
+
+
+def test_id_taken_by_another_spec_is_an_invalid_line_the_rest_run(tmp_path: Path) -> None:
+    jobs = jsonl(
+        tmp_path / "jobs.jsonl",
+        [{"id": "a", "code": "1"}, {"id": "taken", "code": "2"}, {"code": "3"}],
+    )
+    out = tmp_path / "r.jsonl"
+    report = run([jobs], out, FakeClient(taken=["taken"]), chunk=2)
+    assert report.completed and report.invalid == 1 and report.conflicts == 1
+    errors = [r for r in results(out) if "error" in r]
+    assert errors == [
+        {
+            "line": 2,
+            "file": "jobs.jsonl",
+            "error": "id: 'taken' already names a different job (the farm holds another"
+            " spec under it): give this line another id, or run with a new --id-prefix",
+        }
+    ]
+    assert sorted(r["id"] for r in results(out) if "status" in r)[0] == "a"
+    assert report.received == 2 and report.summary.invalid == 1
+
+
+def test_resumed_own_id_whose_spec_changed_is_refused_not_resumed(tmp_path: Path) -> None:
+    from producer.batch import ledger
+
+    jobs = jsonl(tmp_path / "jobs.jsonl", [{"id": "pin", "code": "1"}, {"code": "2"}])
+    out = tmp_path / "r.jsonl"
+    run([jobs], out, FakeClient())
+    recorded = {"pin": ledger.digest(b.parse_line("jobs.jsonl", 1, '{"id": "pin", "code": "1"}'))}
+    lookup = lambda ids: {i: recorded[i] for i in ids if i in recorded}  # noqa: E731
+
+    same = run([jobs], out, FakeClient(), recorded=lookup)
+    assert same.resumed == 2 and same.invalid == 0
+
+    jsonl(jobs, [{"id": "pin", "code": "1 + 1"}, {"code": "2"}])  # edited under its id
+    again = FakeClient()
+    report = run([jobs], out, again, recorded=lookup)
+    assert again.submitted == [] and report.resumed == 1 and report.invalid == 1
+    assert "already names a different job" in results(out)[-1]["error"]
+    assert results(out)[-1]["line"] == 1
+    assert report.summary.jobs == 1  # the old verdict is not counted as this line's
+
+
+# ---------------------------------------------------------------- this run, notices, Ctrl-C
+
+
+def test_results_done_before_this_run_are_not_new(tmp_path: Path) -> None:
+    jobs = jsonl(tmp_path / "jobs.jsonl", [{"code": str(i)} for i in range(3)])
+    old = [b.derive_id("jobs.jsonl", n, json.dumps({"code": str(n - 1)})) for n in (1, 2)]
+    report = run([jobs], tmp_path / "r.jsonl", FakeClient(done_before=old))
+    assert report.received == 3 and report.earlier == 2
+    console = Console(record=True, width=120)
+    console.print(report.summary.render(10.0, resumed=0, earlier=report.earlier))
+    text = console.export_text()
+    assert "3 results: 1 new in 10.0 s (0.1 jobs/s); 2 already done before this run" in text
+
+
+def test_notice_goes_through_the_console(tmp_path: Path) -> None:
+    jobs = jsonl(tmp_path / "jobs.jsonl", [{"code": "1"}])
+    console = Console(record=True, width=200)
+    message = "no worker consumes queue q at redis://x/0; still waiting"
+    run([jobs], tmp_path / "r.jsonl", FakeClient(notices=[message]), stderr=console)
+    assert f"sandfarm: {message}" in console.export_text()
+
+
+def test_ctrl_c_ends_the_run_with_what_is_still_out(tmp_path: Path) -> None:
+    jobs = jsonl(tmp_path / "jobs.jsonl", [{"code": str(i)} for i in range(4)])
+    out = tmp_path / "r.jsonl"
+    report = run([jobs], out, FakeClient(interrupt_after=1))
+    assert report.interrupted and not report.completed
+    assert report.received == 1 and len(report.unanswered) == 3 and report.missing == 3
+    assert len(results(out)) == 1
+
+
+def test_output_stream_gets_the_results_and_nothing_is_resumed(tmp_path: Path) -> None:
+    import io
+
+    jobs = jsonl(tmp_path / "jobs.jsonl", [{"code": "1"}, "bad"])
+    stream = io.StringIO()
+    report = run([jobs], stream, FakeClient())
+    lines = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert report.received == 1 and [("status" in x) for x in lines] == [False, True]
+
+
+# ---------------------------------------------------------------- progress line
+
+
+def progress_text(width: int, total: int, done: int, counts: dict[str, int]) -> list[str]:
+    console = Console(width=width, force_terminal=True, record=True)
+    bar = b.BatchProgress(console)
+    bar.update(bar.add_task("jobs", total=total, counts=counts), advance=done)
+    console.print(bar)
+    return console.export_text().splitlines()
+
+
+FINAL = [s.value for s in Status if s not in (Status.QUEUED, Status.RUNNING)]
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_progress_line_fits_80_columns_with_every_status(big: bool) -> None:
+    from producer.batch.progress import SHORT_NAMES
+
+    counts = {name: (1000 * (n + 1) + n if big else n + 1) for n, name in enumerate(FINAL)}
+    assert len(counts) == 9
+    total, done = (1_000_000, 123_456) if big else (1000, 123)
+    lines = progress_text(80, total, done, counts)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert len(lines) > 1 if big else len(lines) == 1, lines  # thousands each: tally below
+    text = " ".join(lines)
+    for status, count in counts.items():
+        assert f"{status} {count}" in text or f"{SHORT_NAMES[status]} {count}" in text, text
+    assert f"{done}/{total}" in text
+
+
+def test_progress_line_keeps_full_names_and_times_when_they_fit() -> None:
+    (line,) = progress_text(120, 10, 0, {"succeeded": 7, "failed": 1})
+    assert "jobs" in line and "succeeded 7 failed 1" in line and "-:--:--" in line
+    assert len(line) <= 120

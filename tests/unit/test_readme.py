@@ -17,3 +17,15 @@ def test_readme_settings_table_is_generated_from_the_model() -> None:
     assert match.group(1) == Settings.table(), "run: sandfarm settings --markdown"
     for name in Settings.model_fields:
         assert f"`SANDFARM_{name.upper()}`" in match.group(1)
+
+
+def test_readme_points_only_at_files_that_exist() -> None:
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    assert links, "the README lost its links"
+    for link in links:
+        assert not link.startswith(("../", "/")), f"link outside the repository: {link}"
+        if "://" not in link:
+            assert (README.parent / link).exists(), link
+    for path in re.findall(r"\b((?:examples|ops)/[\w./-]+\.(?:json|jsonl|sh|py|md))\b", text):
+        assert (README.parent / path).exists(), path

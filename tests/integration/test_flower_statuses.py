@@ -1,0 +1,138 @@
+"""An operator tells a failed job from a succeeded one at a glance: Flower's task list
+(its API, and its page in a real headless Chromium) and the worker log show each job's
+own status, exit code, duration and the backend that ran it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+from tests.farmkit import SANDFARM, Farm, farm_db, wait_for  # noqa: F401
+
+pytestmark = pytest.mark.timeout(240)
+ARTIFACTS = Path(
+    os.environ.get("SANDFARM_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Debian's chromium, headless, with nothing that would reach out of this machine."""
+    return subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={ARTIFACTS / 'chromium-profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def flower_farm(farm_db: str, tmp_path, is_root: bool):  # noqa: F811
+    requests = pytest.importorskip("requests")
+    require(is_root, "the farm's sandbox slots need root")
+    require(shutil.which("chromium") is not None, "Debian's chromium is not installed")
+    farm = Farm(farm_db, tmp_path)
+    worker = farm.start_worker("fl", 2)
+    port = _free_port()
+    log = tmp_path / "flower.log"
+    with open(log, "wb") as out:
+        flower = subprocess.Popen(
+            [SANDFARM, "flower", "--port", str(port), "--api"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **farm.env},
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert flower.poll() is None, log.read_text()
+        try:
+            return bool(requests.get(f"{base}/healthcheck", timeout=2).ok)
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_for(up, 30, 0.2, "flower up")
+        with farm.client() as client:  # Flower sees only events sent after it subscribed
+
+            def listening() -> bool:
+                probe = client.submit({"command": "true"})
+                client.result(probe, timeout=10)
+                time.sleep(0.5)
+                return probe in requests.get(f"{base}/api/tasks", timeout=10).json()
+
+            wait_for(listening, 40, 0.1, "flower receiving events")
+        yield farm, worker, base
+    finally:
+        os.killpg(flower.pid, 15)
+        flower.wait(10)
+        farm.stop()
+
+
+def test_flower_and_the_log_show_each_jobs_status(flower_farm) -> None:
+    import requests
+
+    farm, worker, base = flower_farm
+    with farm.client() as client:
+        ids = {
+            "ok": client.submit({"code": "print('fine')"}),
+            "fail": client.submit({"command": "exit 3"}),
+            "slow": client.submit({"command": "sleep 10", "limits": {"timeout_s": 1}}),
+        }
+        results = {r.id: r for r in client.as_completed(list(ids.values()), timeout=60)}
+    assert [results[ids[k]].status.value for k in ("ok", "fail", "slow")] == [
+        "succeeded",
+        "failed",
+        "timed_out",
+    ]
+
+    def listed() -> dict | None:
+        data = requests.get(f"{base}/api/tasks", timeout=10).json()
+        mine = {k: data[v] for k, v in ids.items() if data.get(v, {}).get("result")}
+        return mine if len(mine) == len(ids) else None
+
+    tasks = wait_for(listed, 30, 0.5, "flower lists the three jobs with results")
+    assert tasks["ok"]["result"].startswith("'succeeded"), tasks["ok"]
+    assert tasks["fail"]["result"].startswith("'failed exit=3"), tasks["fail"]
+    assert tasks["slow"]["result"].startswith("'timed_out"), tasks["slow"]
+    for task in tasks.values():
+        assert task["result"].rstrip("'").endswith("process")  # the backend that ran it
+        assert "backend=process" in task["args"] and "backend=default" not in task["args"]
+    log = worker.log.read_text()
+    assert f"[{ids['fail']}] ran in" in log and "failed exit=3" in log
+    assert f"[{ids['fail']}] succeeded" not in log
+
+    # The task list as an operator sees it, in a real browser.
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "flower-tasks.png"
+    shot.unlink(missing_ok=True)
+    budget = ["--virtual-time-budget=10000", "--window-size=1600,900"]
+    taken = chromium(*budget, f"--screenshot={shot}", f"{base}/tasks")
+    assert shot.exists() and shot.stat().st_size > 10_000, taken.stderr[-2000:]
+    dom = chromium(*budget, "--dump-dom", f"{base}/tasks").stdout
+    assert "failed exit=3" in dom and "timed_out" in dom and "succeeded" in dom, dom[-3000:]

@@ -1,0 +1,67 @@
+"""The farm's own task messages are the ones Celery would send, byte for byte."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from producer.protocol.messages import task_message
+
+
+@pytest.fixture
+def sent(redis_url: str):
+    """What app.send_task LPUSHes for one task, read back from a private Redis DB."""
+    from celery import Celery
+
+    from tests.farmkit import private_db
+
+    with private_db(redis_url) as url:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        app = Celery("check", broker=url, set_as_current=False)
+        app.conf.update(task_serializer="json", accept_content=["json"], result_backend=None)
+        app.send_task(
+            "sandfarm.execute",
+            args=[{"code": "print(1)"}, {"id": "j1"}],
+            task_id="t/j1",
+            queue="q-msg",
+            argsrepr="job=j1",
+            kwargsrepr="{}",
+            soft_time_limit=90.0,
+            time_limit=120.0,
+            ignore_result=None,
+        )
+        yield json.loads(client.lrange("q-msg", 0, -1)[0])
+        app.close()
+
+
+def test_task_message_matches_send_task(sent: dict) -> None:
+    mine = json.loads(
+        task_message(
+            "sandfarm.execute",
+            "t/j1",
+            [{"code": "print(1)"}, {"id": "j1"}],
+            "q-msg",
+            argsrepr="job=j1",
+            time_limit=120.0,
+            soft_time_limit=90.0,
+        )
+    )
+    for field in ("delivery_tag", "reply_to"):  # per message / per client: never compared
+        sent["properties"].pop(field)
+        mine["properties"].pop(field)
+    # send_task also copies options it does not know (argsrepr, kwargsrepr) into the
+    # properties; the worker reads them from the headers only.
+    assert sent["properties"].pop("argsrepr") == sent["headers"]["argsrepr"]
+    assert sent["properties"].pop("kwargsrepr") == sent["headers"]["kwargsrepr"]
+    sent["headers"].pop("origin")
+    mine["headers"].pop("origin")
+    assert mine == sent
+    assert list(mine) == list(sent) and list(mine["headers"]) == list(sent["headers"])
+
+
+def test_each_message_has_its_own_delivery_tag() -> None:
+    one, two = (json.loads(task_message("t", "x", [], "q", argsrepr="")) for _ in range(2))
+    assert one["properties"]["delivery_tag"] != two["properties"]["delivery_tag"]
