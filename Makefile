@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup services demo test lint format bench clean
+.PHONY: setup services demo test lint format bench clean readme
 
 $(STAMP): pyproject.toml
 	ops/setup.sh
@@ -32,6 +32,9 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+readme: setup  # the settings table, from the settings model
+	$(BIN)/python ops/update_readme.py
 
 format: setup
 	$(BIN)/ruff format .

@@ -6,6 +6,8 @@
 # DIR (default /var/lib/sandfarm-redis as root), a directory only its owner may enter,
 # with files only its owner may read (umask 077): the process backend's jobs see the
 # host's filesystem, as unprivileged slot uids. Existing data is made private too.
+# SANDFARM_REDIS_PASSWORD, when set, becomes its requirepass (needed once Redis is
+# reachable from a network: clients then use redis://:PASSWORD@host:port/0).
 set -euo pipefail
 port=${1:?usage: ops/start_redis.sh PORT [DIR]}
 dir=${2:-}
@@ -18,5 +20,11 @@ mkdir -p "$dir"
 chmod 0700 "$dir"
 chmod -R go-rwx "$dir"
 echo "[start_redis] redis-server on 127.0.0.1:$port (AOF in $dir, mode 0700)" >&2
-redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --save "" --appendonly yes \
-  --appendfsync everysec --dir "$dir" --logfile "$dir/redis.log"
+auth=()
+if [ -n "${SANDFARM_REDIS_PASSWORD:-}" ]; then
+  # through a private config file, so the password is not on a command line (ps)
+  printf 'requirepass "%s"\n' "$SANDFARM_REDIS_PASSWORD" >"$dir/auth.conf"
+  auth=("$dir/auth.conf")
+fi
+redis-server "${auth[@]}" --daemonize yes --bind 127.0.0.1 --port "$port" --save "" \
+  --appendonly yes --appendfsync everysec --dir "$dir" --logfile "$dir/redis.log"

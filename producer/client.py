@@ -1,8 +1,10 @@
-"""FarmClient: submit jobs to the farm and collect their results, in few Redis round trips.
+"""FarmClient: the trusted SDK. It submits through the same per-tenant queues and fair
+share as the tenants' gateway, as its own tenant (``SANDFARM_CLIENT_TENANT``), and talks
+to Redis directly (operators and batch users on the farm's side of the gateway).
 
-- ``submit`` / ``submit_many``: the job's state key is taken with SET NX first, so the
-  same job id submitted twice (by anyone, until its TTL) is sent once; messages go out
-  by task name through kombu's pipelined publish batch.
+- ``submit`` / ``submit_many``: one Lua call per chunk admits the jobs (an id taken by
+  the same spec is the same job; by another, IdConflictError) and dispatches what the
+  farm has room for; the rest wait their turn in the tenant's queue.
 - ``as_completed``: each job's worker pushes its id on this client's completion list
   when it stores the result; the client pops up to ``batch`` ids per call (BLMPOP) and
   fetches their results with one MGET, so N jobs cost O(N / batch) calls. Ids submitted
@@ -15,50 +17,25 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from celery import Celery
 
 from producer.celery_app import make_app
-from producer.protocol import (
-    KOMBU_UNACKED,
-    TASK_NAME,
-    FarmScripts,
-    Heartbeat,
-    IdConflictError,
-    JobState,
-    MessageMeta,
-    Settings,
-    connect,
-    get_settings,
-    margins,
-)
+from producer.farm_status import farm_status
+from producer.jobs import DEFAULT_BATCH, TenantJobs
+from producer.protocol import IdConflictError, QuotaError, Settings, connect, get_settings
 from producer.protocol.connection import redact
-from producer.protocol.records import spec_hash
-from producer.protocol.scripts import loads
+from producer.protocol.submission import compact_spec
+from producer.protocol.tenants import Policy
 from producer.waiting import WaitWatch
-from sandbox_core import JobResult, JobSpec, Limits, Status, parse_spec
+from sandbox_core import JobResult, JobSpec, parse_spec
 
-DEFAULT_BATCH = 1000
-_DEFAULT_LIMITS = Limits().model_dump(mode="json")
-
-
-def compact_spec(spec: JobSpec) -> dict[str, Any]:
-    """The spec as a small JSON dict: defaults that need no saying are left out."""
-    data = spec.model_dump(mode="json", exclude_none=True)
-    for name in ("files", "env", "collect", "labels"):
-        if not data.get(name):
-            data.pop(name, None)
-    if not data.get("stop_on_error"):
-        data.pop("stop_on_error", None)
-    limits = {k: v for k, v in data.get("limits", {}).items() if _DEFAULT_LIMITS.get(k) != v}
-    if limits:
-        data["limits"] = limits
-    else:
-        data.pop("limits", None)
-    return data
+__all__ = ["DEFAULT_BATCH", "FarmClient", "compact_spec"]
+# The trusted tenant is made (when missing) for batch use: a deep queue. Each waiting
+# job holds about 1-2 KB of Redis memory; an operator may lower it (tenant set).
+TRUSTED_MAX_QUEUED = 1_000_000
 
 
 class FarmClient:
@@ -79,173 +56,101 @@ class FarmClient:
         self.client_id = client_id or uuid.uuid4().hex
         self.done_key = self.keys.done(self.client_id)
         self.redis = connect(self.settings.redis_url)
-        self._scripts = FarmScripts(self.redis, self.settings)
+        self.tenant = self.settings.client_tenant
+        self.jobs = TenantJobs(self.redis, self.settings, self.tenant)
         self._app: Celery | None = None
-
-    # --- submission -------------------------------------------------------------------
 
     @property
     def celery(self) -> Celery:
+        """A Celery app on the farm's broker (messages go out through submit_jobs.lua)."""
         if self._app is None:
             self._app = make_app(self.settings)
         return self._app
 
+    # --- submission -------------------------------------------------------------------
+
     def submit(self, spec: JobSpec | dict[str, Any]) -> str:
-        """Enqueue one job; returns its id. The same id again is not sent again."""
+        """Enqueue one job; returns its id. The same id and spec again is the same job."""
         return self.submit_many([spec])[0]
 
     def submit_many(
         self, specs: Iterable[JobSpec | dict[str, Any]], batch: int = DEFAULT_BATCH
     ) -> list[str]:
-        """Enqueue many jobs, pipelined; returns their ids in order.
+        """Enqueue many jobs; returns their ids in order.
 
-        A dict is validated first (SpecError names the field). An id already submitted
-        (within the result TTL) with the same spec, or repeated in ``specs``, is returned
-        but not sent again; an id taken by a different spec raises IdConflictError once
-        the rest are sent (its ``submitted`` lists their ids).
+        A dict is validated first (SpecError names the field), every job against this
+        client's tenant policy (SpecError or PolicyError). An id already submitted (within
+        the result TTL) with the same spec, or repeated in ``specs``, is returned but not
+        sent again; an id taken by a different spec raises IdConflictError once the rest
+        are sent (its ``submitted`` lists their ids). Over the tenant's rate or queue it
+        waits and sends again; over its CPU budget: QuotaError.
         """
+        policy = self.jobs.tenants.ensure(self.tenant, Policy(max_queued=TRUSTED_MAX_QUEUED))
         ids: list[str] = []
         conflicts: list[str] = []
-        chunk: list[JobSpec] = []
+        chunk: dict[str, JobSpec] = {}
+        order: list[str] = []
+
+        def flush() -> None:
+            conflicts.extend(self._submit_patiently(list(chunk.values()), policy))
+            ids.extend(i for i in order if i not in conflicts)
+            chunk.clear()
+            order.clear()
+
         for item in specs:
             spec = item if isinstance(item, JobSpec) else parse_spec(item)
             if spec.id is None:
                 spec = spec.model_copy(update={"id": uuid.uuid4().hex})
             assert spec.id is not None
-            chunk.append(spec)
+            chunk.setdefault(spec.id, spec)  # a repeated id: the first spec speaks for it
+            order.append(spec.id)
             if len(chunk) >= batch:
-                self._send_chunk(chunk, ids, conflicts)
-                chunk = []
-        if chunk:
-            self._send_chunk(chunk, ids, conflicts)
+                flush()
+        if order:
+            flush()
         if conflicts:
             raise IdConflictError(conflicts, ids)
         return ids
 
-    def _send_chunk(self, specs: list[JobSpec], ids: list[str], conflicts: list[str]) -> None:
-        """Send the chunk's new jobs; append the accepted ids to ``ids``, the ids taken by
-        another spec to ``conflicts``."""
-        now = datetime.now(UTC)
-        fresh: dict[str, tuple[JobSpec, dict[str, Any], str]] = {}
-        order: list[tuple[str, str]] = []
-        for spec in specs:
-            assert spec.id is not None
-            compact = compact_spec(spec)
-            digest = spec_hash(compact)
-            order.append((spec.id, digest))
-            if spec.id not in fresh:
-                fresh[spec.id] = (spec, compact, digest)
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id, (_, _, digest) in fresh.items():
-            state = JobState(at=now, notify=self.done_key, spec=digest).dump()
-            pipe.set(self.keys.job(job_id), state, nx=True, ex=self.settings.result_ttl_s)
-        taken = dict(zip(fresh, pipe.execute(), strict=True))
-        known = self._known_hashes([job_id for job_id, ok in taken.items() if not ok])
-        to_send = [fresh[job_id] for job_id, ok in taken.items() if ok]
-        for job_id, digest in order:
-            if taken[job_id] or known.get(job_id) in (digest, ""):  # "": before hashes
-                ids.append(job_id)
-            else:
-                conflicts.append(job_id)
-        if not to_send:
-            return
-        try:
-            self._publish(to_send, now)
-        except BaseException:
-            # Unsent jobs must not look submitted, or resubmitting them would be a no-op.
-            self.redis.delete(*(self.keys.job(spec.id or "") for spec, _, _ in to_send))
-            raise
-
-    def _known_hashes(self, job_ids: list[str]) -> dict[str, str]:
-        """The spec hashes recorded for ids already taken (left out where the state is gone)."""
-        if not job_ids:
-            return {}
-        states = self.redis.mget([self.keys.job(job_id) for job_id in job_ids])
-        found: dict[str, str] = {}
-        for job_id, raw in zip(job_ids, states, strict=True):
-            state = loads(raw)
-            if state is not None:
-                found[job_id] = str(state.get("spec", ""))
-        return found
-
-    def _publish(
-        self, specs: list[tuple[JobSpec, dict[str, Any], str]], queued_at: datetime
-    ) -> None:
-        app = self.celery
-        queue = self.settings.queue
-        with app.producer_or_acquire() as producer:
-            # Declare the queue once here, not once per message (a third of the cost).
-            producer.maybe_declare(app.amqp.queues[queue])
-            self._publish_batch(app, producer, queue, specs, queued_at)
-
-    def _publish_batch(
-        self,
-        app: Celery,
-        producer: Any,
-        queue: str,
-        specs: list[tuple[JobSpec, dict[str, Any], str]],
-        queued_at: datetime,
-    ) -> None:
-        # kombu's publish batch sends the whole chunk in one pipelined round trip; a
-        # failure raises, and the caller forgets the chunk so it can be resubmitted.
-        with producer.batch(max_size=len(specs)):
-            for spec, compact, _ in specs:
-                assert spec.id is not None
-                meta = MessageMeta(id=spec.id, queued_at=queued_at, notify=self.done_key)
-                app.send_task(
-                    TASK_NAME,
-                    args=[compact, meta.model_dump(mode="json", exclude_none=True)],
-                    task_id=spec.id,
-                    queue=queue,
-                    producer=producer,
-                    declare=[],
-                    retry=False,
-                    # Flower and logs see this summary, never the code.
-                    argsrepr=spec.summary(),
-                    kwargsrepr="{}",
-                    soft_time_limit=spec.limits.timeout_s + margins.SOFT_LIMIT_MARGIN_S,
-                    time_limit=spec.limits.timeout_s + margins.HARD_LIMIT_MARGIN_S,
-                )
+    def _submit_patiently(self, specs: list[JobSpec], policy: Policy) -> list[str]:
+        """Submit ``specs``; returns the ids refused as conflicts. Over the tenant's rate
+        or queue it waits as long as the farm says and sends again (a chunk over the
+        bucket's burst goes in parts), as GatewayClient does; a spent budget raises."""
+        while True:
+            try:
+                self.jobs.submit(specs, self.done_key, all_or_nothing=False, policy=policy)
+                return []
+            except IdConflictError as exc:
+                return exc.conflicts
+            except QuotaError as exc:
+                if exc.reason == "budget":
+                    raise
+                burst = int(policy.bucket[1]) if policy.bucket else len(specs)
+                if exc.reason == "rate" and len(specs) > max(burst, 1):
+                    return [
+                        conflict
+                        for start in range(0, len(specs), burst)
+                        for conflict in self._submit_patiently(specs[start : start + burst], policy)
+                    ]
+                time.sleep(exc.retry_after_s)
 
     # --- results ----------------------------------------------------------------------
 
     def results(self, ids: Iterable[str], batch: int = DEFAULT_BATCH) -> dict[str, JobResult]:
         """The stored results among ``ids`` (one MGET per ``batch`` ids)."""
-        found: dict[str, JobResult] = {}
-        ids = list(ids)
-        for start in range(0, len(ids), batch):
-            part = ids[start : start + batch]
-            values = self.redis.mget([self.keys.result(i) for i in part])
-            for job_id, raw in zip(part, values, strict=True):
-                if raw is not None:
-                    found[job_id] = JobResult.model_validate_json(raw)
-        return found
+        return self.jobs.results(ids, batch)
 
     def result(self, job_id: str, timeout: float | None = None) -> JobResult | None:
         """The job's result; None if not final. ``timeout``: seconds to wait (None: no wait)."""
-        deadline = time.monotonic() + (timeout or 0)
-        delay = 0.02
-        while True:
-            raw = self.redis.get(self.keys.result(job_id))
-            if raw is not None:
-                return JobResult.model_validate_json(raw)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 0.5)
+        return self.jobs.result(job_id, timeout)
 
     def state(self, job_id: str) -> str:
-        """Where a job is: its final status, "running", "queued", or "unknown" (never
-        submitted here, or its result expired)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.get(self.keys.result(job_id))
-        pipe.exists(self.keys.running(job_id))
-        pipe.exists(self.keys.job(job_id))
-        result, running, known = pipe.execute()
-        if result is not None:
-            return str(JobResult.model_validate_json(result).status.value)
-        return "running" if running else "queued" if known else "unknown"
+        """Its final status, "running", "queued", or "unknown"."""
+        return self.jobs.state(job_id)
+
+    def known_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        """The spec hash the farm holds for each of ``ids`` (where it still knows it)."""
+        return self.jobs.known_hashes(ids)
 
     def as_completed(
         self,
@@ -253,6 +158,7 @@ class FarmClient:
         timeout: float | None = None,
         batch: int = DEFAULT_BATCH,
         rescan_s: float = 2.0,
+        *,
         notice: Callable[[str], None] | None = None,
     ) -> Iterator[JobResult]:
         """Yield each job's result once, as it finishes (those already done first).
@@ -276,11 +182,9 @@ class FarmClient:
                 )
             watch.tick()
             block = 1.0 if deadline is None else max(0.01, min(1.0, deadline - now))
-            popped = self.redis.blmpop(block, 1, self.done_key, direction="LEFT", count=batch)
+            wanted = self.jobs.done(self.done_key, pending, block, batch)
             found: list[JobResult] = []
-            if popped:
-                done = [i.decode() if isinstance(i, bytes) else i for i in popped[1]]
-                wanted = [i for i in dict.fromkeys(done) if i in pending]
+            if wanted:
                 found = list(self.results(wanted, batch).values())
             elif time.monotonic() - last_rescan >= rescan_s:
                 # Jobs announced to another client, or an announcement already popped.
@@ -301,57 +205,19 @@ class FarmClient:
     # --- control ----------------------------------------------------------------------
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a job: a queued one ends `cancelled` now, without running; a running
+        """Cancel a job: a waiting one ends `cancelled` now, without running; a running
         one's sandbox is stopped. False if the job is unknown or already final."""
-        keys = self.keys
-        ttl = self.settings.result_ttl_s
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.exists(keys.result(job_id))
-        pipe.get(keys.job(job_id))
-        final, state = pipe.execute()
-        if final or state is None:
-            return False
-        # The cancel flag first, then look for a running sandbox: the worker sets its
-        # running flag first, then looks for the cancel flag, so one of us sees the other.
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(keys.cancel(job_id), "1", ex=ttl)
-        pipe.exists(keys.running(job_id))
-        _, running = pipe.execute()
-        if not running:
-            notify = (loads(state) or {}).get("notify")
-            result = JobResult(id=job_id, status=Status.CANCELLED, message="cancelled while queued")
-            result.timings.finished_at = datetime.now(UTC)
-            self._scripts.store_result(result, notify, count_duplicate=False)
-        return True
+        return self.jobs.cancel(job_id)
+
+    def dispatch(self) -> int:
+        """Move waiting jobs into the Celery queue while the farm has room (workers and
+        gateways do this on their own; this is for tools)."""
+        return self.jobs.scripts.dispatch()
 
     def status(self) -> dict[str, Any]:
-        """Queue depth, workers online (by their reapers' heartbeats), jobs in flight."""
-        keys = self.keys
-        now = time.time()
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.llen(self.settings.queue)
-        pipe.hlen(KOMBU_UNACKED)
-        pipe.zremrangebyscore(keys.in_flight, "-inf", now)
-        pipe.zcard(keys.in_flight)
-        pipe.hgetall(keys.workers)
-        pipe.get(keys.duplicates)
-        queued, unacked, _, in_flight, beats, duplicates = pipe.execute()
-        workers = []
-        for name, raw in sorted(beats.items()):
-            beat = Heartbeat.model_validate_json(raw)
-            age = now - beat.ts
-            if age <= margins.heartbeat_stale_after(beat.interval_s):
-                info = beat.model_dump(mode="json")
-                workers.append({"name": name.decode(), **info, "age_s": round(age, 1)})
-        return {
-            "queue": self.settings.queue,
-            "queued": queued,
-            "delivered_unacked": unacked,
-            "in_flight": in_flight,
-            "workers_online": len(workers),
-            "workers": workers,
-            "duplicates": int(duplicates or 0),
-        }
+        """Queue depth, workers online (by their reapers' heartbeats), jobs in flight,
+        each tenant's waiting and running jobs."""
+        return farm_status(self.redis, self.settings)
 
     def close(self) -> None:
         self.redis.close()

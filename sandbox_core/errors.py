@@ -13,6 +13,9 @@ and carries its data as attributes, not only as text.
         ├── FarmUnavailableError (ConnectionError)    Redis does not answer: url, cause
         ├── SlotReservationError (RuntimeError)       no block of free slots for a worker
         ├── IdConflictError (ValueError)              a job id already names another spec
+        ├── TenantError (ValueError)                  no such tenant, a bad name or policy
+        ├── QuotaError (RuntimeError)                 over a tenant's rate, queue or budget
+        ├── AuthError (PermissionError)               the gateway refused the API key
         └── InputChangedError (RuntimeError)          a batch input changed mid-run
 
 Job problems (a job that fails, times out, floods) are never raised: they are statuses.

@@ -203,11 +203,13 @@ class JobSpec(_Strict):
             raise SpecError("image", "only the docker backend takes an image")
         return self
 
-    def summary(self) -> str:
+    def summary(self, tenant: str | None = None) -> str:
         """A short, code-free description for logs and Flower."""
         kinds = ",".join(step.kind for step in self.steps)
         labels = " ".join(f"{k}={v}" for k, v in list(self.labels.items())[:4])
-        return f"job={self.id or '-'} backend={self.backend or 'default'} steps=[{kinds}] {labels}"
+        who = f"tenant={tenant} " if tenant else ""
+        backend = self.backend or "default"
+        return f"{who}job={self.id or '-'} backend={backend} steps=[{kinds}] {labels}"
 
 
 class StepResult(_Strict):

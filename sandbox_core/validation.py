@@ -5,6 +5,7 @@ a typo."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -34,8 +35,15 @@ def parse_spec(data: object) -> JobSpec:
 
 def first_error(exc: ValidationError) -> SpecError:
     """The most telling error of a ValidationError, with its field and reason."""
-    errors = exc.errors(include_url=False)
-    errors.sort(key=lambda e: 0 if e["type"] in _FIRST else 2 if e["type"] == "missing" else 1)
+    return explain(exc.errors(include_url=False))
+
+
+def explain(errors: Sequence[Any]) -> SpecError:
+    """The most telling of pydantic's error records (``type``, ``loc``, ``msg``, ``input``,
+    ``ctx``), with its field and reason; loc as the user wrote the data."""
+    errors = sorted(
+        errors, key=lambda e: 0 if e["type"] in _FIRST else 2 if e["type"] == "missing" else 1
+    )
     err = errors[0]
     ctx_error = (err.get("ctx") or {}).get("error")
     loc = _field_path(err["loc"])

@@ -235,7 +235,7 @@ class Farm:
         return "\n".join(f"=== {w.name}\n{w.log.read_text()[-4000:]}" for w in self.workers)
 
     def running_info(self, client: FarmClient, job_id: str) -> dict | None:
-        raw = client.redis.get(client.keys.running(job_id))
+        raw = client.redis.get(client.keys.running(client.jobs.qid(job_id)))
         return json.loads(raw) if raw else None
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from producer.protocol import Heartbeat, Settings, connect, get_settings, margins
+from producer.protocol import FarmScripts, Heartbeat, Settings, connect, get_settings, margins
 from sandbox_core import defaults as d
 from sandbox_core import slots
 from sandbox_core.backends.docker.containers import WorkerAlive
@@ -175,6 +175,9 @@ def _loop(
             # Redis away: the broker reconnect logs it; keep reaping.
             with contextlib.suppress(Exception):
                 beat(client, settings.keys.workers, name, info, margins.heartbeat_ttl(interval))
+                # Every worker dispatches now and then: no one process's death stops it
+                # (a finished job dispatches the next one itself; this catches the rest).
+                FarmScripts(client, settings).dispatch()
         try:
             sweep_free(settings.workspace_dir)
             reap_containers(worker_judge(client, settings))

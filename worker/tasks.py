@@ -47,9 +47,10 @@ def scripts() -> FarmScripts:
     return _scripts
 
 
-def store(result: JobResult, notify: str | None) -> bool:
-    """First stored result wins; returns False (and counts it) for a duplicate."""
-    return scripts().store_result(result, notify)
+def store(result: JobResult, meta: MessageMeta) -> bool:
+    """First stored result wins; returns False (and counts it) for a duplicate. A stored
+    result of a tenant's job counts its usage and dispatches the next waiting job."""
+    return scripts().store_result(result, meta.notify, meta.qid, meta.tenant, ttl=meta.ttl)
 
 
 def backend_for(name: str, hostname: str | None) -> Backend:
@@ -132,22 +133,19 @@ class ExecuteTask(Task):  # Celery's Task is untyped (Any)
         if meta is None:
             return
         with contextlib.suppress(Exception):
-            store(
-                _final(meta.id, Status.ERROR, f"farm failure: {type(exc).__name__}: {exc}"),
-                meta.notify,
-            )
+            store(_final(meta.id, Status.ERROR, f"farm failure: {type(exc).__name__}: {exc}"), meta)
 
 
 @app.task(name=TASK_NAME, bind=True, base=ExecuteTask, acks_late=True, reject_on_worker_lost=True)
 def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
     meta = MessageMeta.model_validate(raw_meta)
-    job_id, notify, queued_at = meta.id, meta.notify, meta.queued_at
+    job_id, queued_at = meta.id, meta.queued_at
     hostname = self.request.hostname
     keys = settings.keys
 
     # One atomic round trip (begin_attempt.lua): final already? else count, flag, list.
     running = RunningRecord(worker=hostname, pid=os.getpid(), slot=slot_index())
-    attempts, cancelled = scripts().begin_attempt(job_id, running, _timeout_of(spec))
+    attempts, cancelled = scripts().begin_attempt(meta.qid, meta.tenant, running, _timeout_of(spec))
     if attempts < 0:
         # Redelivered after a result was stored (lost ack), or cancelled while queued.
         return "already final"
@@ -156,30 +154,28 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
         common["labels"] = {str(k): str(v) for k, v in list(spec["labels"].items())[:32]}
 
     if cancelled:
-        return summary(
-            _final(job_id, Status.CANCELLED, "cancelled before it ran", **common), notify
-        )
+        return summary(_final(job_id, Status.CANCELLED, "cancelled before it ran", **common), meta)
     if attempts > settings.max_attempts:
         message = f"job killed its worker {attempts - 1} times; not run again"
-        return summary(_final(job_id, Status.ERROR, message, **common), notify)
+        return summary(_final(job_id, Status.ERROR, message, **common), meta)
     try:
         job = parse_spec(spec)
     except SpecError as exc:
-        return summary(_final(job_id, Status.REJECTED, str(exc), **common), notify)
+        return summary(_final(job_id, Status.REJECTED, str(exc), **common), meta)
     job.id = job_id
     name = job.backend or settings.default_backend
     if name not in settings.served_backends:
         message = f"backend {name} is not served by {hostname} (it serves:"
         message += f" {', '.join(settings.served_backends)})"
-        return summary(_final(job_id, Status.REJECTED, message, backend=name, **common), notify)
+        return summary(_final(job_id, Status.REJECTED, message, backend=name, **common), meta)
     try:
         backend = backend_for(name, hostname)
     except Exception as exc:  # missing engine / module: the farm cannot run this backend
         message = f"backend {name} unavailable on {hostname}: {type(exc).__name__}: {exc}"
-        return summary(_final(job_id, Status.ERROR, message, backend=name, **common), notify)
+        return summary(_final(job_id, Status.ERROR, message, backend=name, **common), meta)
 
     try:
-        with CancelWatch(keys.cancel(job_id), settings.cancel_poll_s) as cancel:
+        with CancelWatch(keys.cancel(meta.qid), settings.cancel_poll_s) as cancel:
             result = backend.run(job, cancel=cancel, queued_at=queued_at)
     except SoftTimeLimitExceeded:
         message = "the farm's time limit passed before the sandbox ended the job"
@@ -187,13 +183,13 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
     result.id = job_id
     result.worker = hostname
     result.attempts = attempts
-    return summary(result, notify)
+    return summary(result, meta)
 
 
-def summary(result: JobResult, notify: str | None) -> str:
+def summary(result: JobResult, meta: MessageMeta) -> str:
     """Store the result (first one wins) and say what happened, for Flower's result
     column and the worker log: "failed exit=1 0.42s process" (never the output)."""
-    stored = store(result, notify)
+    stored = store(result, meta)
     codes = [s.exit_code for s in result.steps if s.exit_code not in (None, 0)]
     signals = [s.signal for s in result.steps if s.signal]
     parts = [result.status.value]

@@ -7,7 +7,8 @@
    Prints ``ratio.farm=<farm jobs/s / bare jobs/s>``.
    ``--code`` adds the same with python steps (``{"code": "print(i)"}``).
 2. The enqueue rate of ``--enqueue`` (default 100,000) tiny jobs with submit_many into
-   a queue no worker consumes, and Redis memory per queued job (used_memory delta).
+   a farm no worker serves (they wait in the client's tenant queue), and Redis memory
+   per queued job (used_memory delta).
 
 Uses ``SANDFARM_REDIS_URL`` (default redis://127.0.0.1:6379/0) with its own queue and
 key prefix, deleted afterwards. Needs root (sandbox slots).
@@ -138,7 +139,8 @@ def enqueue_rate(settings: Settings, n: int) -> tuple[float, float]:
         start = time.perf_counter()
         client.submit_many(specs)
         elapsed = time.perf_counter() - start
-        queued = client.redis.llen(tiny.queue)
+        # no worker online: every job waits in the tenant's queue (with the warm one)
+        queued = client.redis.llen(tiny.keys.pending(client.tenant)) - 1
         after = client.redis.info("memory")["used_memory"]
         assert queued == n, (queued, n)
         cleanup(client.redis, tiny)

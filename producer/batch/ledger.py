@@ -10,11 +10,9 @@ spec differs. Where the farm no longer knows the id (its TTL passed) RESULTS is 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from producer.protocol import Keys
 from producer.protocol.records import spec_hash
-from producer.protocol.scripts import loads
 from sandbox_core import JobSpec
 
 Recorded = Callable[[Sequence[str]], dict[str, str]]  # ids -> spec hash the farm recorded
@@ -22,28 +20,22 @@ CHUNK = 1000
 
 
 @runtime_checkable
-class FarmState(Protocol):
-    """What of ``producer.client.FarmClient`` this needs: its Redis and its key names."""
+class KnowsHashes(Protocol):
+    """A client that can say which spec each id names (FarmClient, GatewayClient)."""
 
-    redis: Any
-    keys: Keys
+    def known_hashes(self, ids: Sequence[str]) -> dict[str, str]: ...
 
 
 def farm_recorded(client: object) -> Recorded | None:
-    """The spec-hash lookup of a FarmClient; None for a client without farm state."""
-    if not isinstance(client, FarmState):
+    """The spec-hash lookup of a client, chunked; None for a client without one."""
+    if not isinstance(client, KnowsHashes):
         return None
-    farm: FarmState = client
+    farm: KnowsHashes = client
 
     def recorded(ids: Sequence[str]) -> dict[str, str]:
         found: dict[str, str] = {}
         for start in range(0, len(ids), CHUNK):
-            part = list(ids[start : start + CHUNK])
-            states = farm.redis.mget([farm.keys.job(i) for i in part])
-            for job_id, raw in zip(part, states, strict=True):
-                state = loads(raw)
-                if state is not None:
-                    found[job_id] = str(state.get("spec", ""))
+            found.update(farm.known_hashes(list(ids[start : start + CHUNK])))
         return found
 
     return recorded
@@ -51,7 +43,7 @@ def farm_recorded(client: object) -> Recorded | None:
 
 def digest(spec: JobSpec) -> str:
     """The hash the farm records for ``spec`` (FarmClient hashes its compact form)."""
-    from producer.client import compact_spec  # the one definition of what is hashed
+    from producer.protocol.submission import compact_spec  # the one definition hashed
 
     return spec_hash(compact_spec(spec))
 

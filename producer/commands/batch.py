@@ -12,14 +12,14 @@ from typing import IO, TYPE_CHECKING, BinaryIO
 
 import click
 
-from producer.commands.common import fail, reachable_settings
+from producer.commands.common import fail, job_client
 from sandbox_core import BACKEND_NAMES, SpecError, parse_spec
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from producer.batch import BatchReport, Defaults
-    from producer.client import FarmClient
+    from producer.jobclient import JobClient
 
 MAX_STDIN_BYTES = 1 << 30  # input `-` is spooled to disk: bounded, so a runaway pipe stops
 _SPOOL_CHUNK = 1 << 20
@@ -57,6 +57,9 @@ def batch() -> None:
     " `-`: results to stdout (progress and summary on stderr; nothing to resume from)",
 )
 @click.option("--redis-url", envvar="SANDFARM_REDIS_URL", help="Redis URL [env SANDFARM_REDIS_URL]")
+@click.option(
+    "--api", envvar="SANDFARM_API", help="a gateway URL: run as its tenant (SANDFARM_API_KEY)"
+)
 @click.option(
     "--backend",
     type=click.Choice(BACKEND_NAMES),
@@ -106,6 +109,7 @@ def run(
     jobs: tuple[Path, ...],
     output: Path,
     redis_url: str | None,
+    api: str | None,
     backend: str | None,
     timeout_s: float | None,
     memory_mb: int | None,
@@ -168,10 +172,7 @@ def run(
         so_far = "went to stdout" if to_stdout else f"are in {output}"
         hint = _resume_hint(to_stdout, stdin_count > 0)
         try:
-            settings = reachable_settings(redis_url=redis_url)
-            from producer.client import FarmClient
-
-            client = FarmClient(settings=settings)
+            client = job_client(redis_url, api)
             try:
                 report = run_batch(
                     inputs,
@@ -281,7 +282,7 @@ def _resume_hint(to_stdout: bool, from_stdin: bool) -> str:
 
 
 def _interrupted(
-    report: BatchReport, client: FarmClient, cancel: bool, so_far: str, hint: str, err: Console
+    report: BatchReport, client: JobClient, cancel: bool, so_far: str, hint: str, err: Console
 ) -> None:
     """Ctrl-C: say what still runs, cancel it if asked, and exit 130. A second Ctrl-C
     stops the cancelling with a count (a third reaches run()'s handler: still one line)."""

@@ -3,14 +3,18 @@ validated into one line, and a farm client that fails in seconds when Redis is a
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from pydantic import ValidationError
 
 from producer.protocol import FarmUnavailableError, Settings, get_settings
 from producer.protocol.connection import check
+
+if TYPE_CHECKING:
+    from producer.jobclient import JobClient
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -38,3 +42,24 @@ def reachable_settings(**overrides: Any) -> Settings:
     except FarmUnavailableError as exc:
         fail(str(exc), code=1)
     return settings
+
+
+def api_key() -> str:
+    key = os.environ.get("SANDFARM_API_KEY", "").strip()
+    if not key:
+        fail("--api needs the tenant's key in SANDFARM_API_KEY", 2)
+    return key
+
+
+def job_client(redis_url: str | None, api: str | None) -> JobClient:
+    """The SDK a command talks through: the gateway's (a tenant: --api URL, key from
+    SANDFARM_API_KEY) or Redis directly (the trusted FarmClient)."""
+    if api:
+        if not api.startswith(("http://", "https://")):
+            fail(f"--api {api!r}: give the gateway's URL (http://host:port)", 2)
+        from producer.gateway_client import GatewayClient
+
+        return GatewayClient(api, api_key())
+    from producer.client import FarmClient
+
+    return FarmClient(settings=reachable_settings(redis_url=redis_url))

@@ -6,19 +6,21 @@ input exits 2 naming the field; a reused id for a different job exits 2 naming t
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from producer.commands.common import fail, reachable_settings
+from producer.commands.common import fail, job_client, reachable_settings
 from producer.commands.local import limit_options, print_result, spec_from_options
-from producer.protocol import IdConflictError
+from producer.protocol import FarmError, IdConflictError
 from sandbox_core import BACKEND_NAMES, SpecError, parse_spec
 
 if TYPE_CHECKING:
-    from producer.client import FarmClient
+    from producer.jobclient import JobClient
 
 redis_url_option = click.option(
     "--redis-url", envvar="SANDFARM_REDIS_URL", help="Redis URL [env SANDFARM_REDIS_URL]"
@@ -33,10 +35,21 @@ def register(group: click.Group) -> None:
         group.add_command(command)
 
 
-def _client(redis_url: str | None) -> FarmClient:
-    from producer.client import FarmClient
+api_option = click.option(
+    "--api", envvar="SANDFARM_API", help="a gateway URL: act as its tenant (SANDFARM_API_KEY)"
+)
 
-    return FarmClient(settings=reachable_settings(redis_url=redis_url))
+
+def _client(redis_url: str | None, api: str | None = None) -> JobClient:
+    return job_client(redis_url, api)
+
+
+@contextlib.contextmanager
+def _closing(client: JobClient) -> Iterator[JobClient]:
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 def _notice(message: str) -> None:
@@ -54,6 +67,7 @@ def _notice(message: str) -> None:
 @wait_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON (the id, or the JobResult)")
 @redis_url_option
+@api_option
 def submit(
     backend: str | None,
     code: str | None,
@@ -67,6 +81,7 @@ def submit(
     wait_timeout: float | None,
     as_json: bool,
     redis_url: str | None,
+    api: str | None,
 ) -> None:
     """Submit one job to the farm; print its id, or with --wait its result."""
     spec = spec_from_options(
@@ -81,22 +96,28 @@ def submit(
             spec = parse_spec({**spec.model_dump(mode="json", exclude_none=True), "id": job_id})
         except SpecError as exc:
             fail(str(exc))
-    with _client(redis_url) as client:
+    client = _client(redis_url, api)
+    try:
         try:
             submitted = client.submit(spec)
         except IdConflictError as exc:
             fail(str(exc))
+        except FarmError as exc:  # over a quota, the key refused, the gateway away
+            fail(str(exc), 1)
         if not wait:
             click.echo(json.dumps({"id": submitted}) if as_json else submitted)
             return
         _wait_and_print(client, submitted, wait_timeout, as_json)
+    finally:
+        client.close()
 
 
 def _wait_and_print(
-    client: FarmClient, job_id: str, wait_timeout: float | None, as_json: bool
+    client: JobClient, job_id: str, wait_timeout: float | None, as_json: bool
 ) -> None:
     try:
-        found = next(client.as_completed([job_id], timeout=wait_timeout, notice=_notice))
+        waiting = client.as_completed([job_id], timeout=wait_timeout, notice=_notice)
+        found = next(waiting)
     except TimeoutError as exc:
         fail(f"job {job_id}: {exc}", code=1)
     print_result(found, as_json)
@@ -108,14 +129,20 @@ def _wait_and_print(
 @wait_timeout_option
 @click.option("--json", "as_json", is_flag=True, help="print the JobResult (or the state) as JSON")
 @redis_url_option
+@api_option
 def result(
-    job_id: str, wait: bool, wait_timeout: float | None, as_json: bool, redis_url: str | None
+    job_id: str,
+    wait: bool,
+    wait_timeout: float | None,
+    as_json: bool,
+    redis_url: str | None,
+    api: str | None,
 ) -> None:
     """Print a job's result; without --wait, its state if it is not final yet.
 
     Exit 0 with a result or a state, 1 if the job is unknown (or its result expired).
     """
-    with _client(redis_url) as client:
+    with _closing(_client(redis_url, api)) as client:
         state = client.state(job_id)
         if state == "unknown":
             fail(f"job {job_id} is unknown here (never submitted, or its result expired)", 1)
@@ -139,6 +166,7 @@ def result(
 @click.option("--timeout", "default_timeout", type=float, help="the batch's --timeout default")
 @click.option("--memory-mb", "default_memory", type=int, help="the batch's --memory-mb default")
 @redis_url_option
+@api_option
 def cancel(
     job_ids: tuple[str, ...],
     inputs: tuple[Path, ...],
@@ -147,6 +175,7 @@ def cancel(
     default_timeout: float | None,
     default_memory: int | None,
     redis_url: str | None,
+    api: str | None,
 ) -> None:
     """Cancel jobs: a queued one ends `cancelled` without running, a running one is stopped.
 
@@ -163,7 +192,7 @@ def cancel(
     ]
     if not ids:
         fail("give job ids, or --from a batch input file")
-    with _client(redis_url) as client:
+    with _closing(_client(redis_url, api)) as client:
         cancelled = sum(client.cancel(job_id) for job_id in ids)
     click.echo(f"cancelled {cancelled}; {len(ids) - cancelled} already final or unknown")
 
@@ -172,8 +201,11 @@ def cancel(
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @redis_url_option
 def status(as_json: bool, redis_url: str | None) -> None:
-    """Queue depth, the workers online (queues, backends, slots, last beat), jobs in flight."""
-    with _client(redis_url) as client:
+    """Queue depth, the workers online (queues, backends, slots, last beat), jobs in flight,
+    and each tenant's waiting and dispatched jobs."""
+    from producer.client import FarmClient
+
+    with FarmClient(settings=reachable_settings(redis_url=redis_url)) as client:
         info = client.status()
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -189,4 +221,11 @@ def status(as_json: bool, redis_url: str | None) -> None:
             f"  {w['name']:<32} queues {','.join(w['queues']) or '-'}"
             f"  backends {','.join(w['backends']) or '-'}  slots {lo}..{hi - 1}"
             f"  beat {w['age_s']}s ago"
+        )
+    for name, counts in info["tenants"].items():
+        today = counts["today"]
+        click.echo(
+            f"tenant {name}: {counts['waiting']} waiting, {counts['dispatched']} dispatched;"
+            f" today {today.get('jobs', 0):.0f} jobs, {today.get('cpu_ms', 0) / 1000:.1f} CPU-s,"
+            f" {today.get('wall_ms', 0) / 1000:.1f} wall-s, {today.get('bytes', 0):.0f} bytes"
         )

@@ -135,6 +135,7 @@ def doctor(as_json: bool) -> None:
                 backend.close()
         except (ImportError, BackendUnavailableError, OSError) as exc:
             report[name] = f"unavailable: {exc}"
+    report["farm"] = _farm_checks(settings.redis_url)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -146,6 +147,15 @@ def doctor(as_json: bool) -> None:
         for item in items:
             mark = "yes" if item["active"] else "NO "
             click.echo(f"  [{mark}] {item['name']:<22} {item['detail']}")
+
+
+def _farm_checks(redis_url: str) -> list[dict[str, object]]:
+    """What the farm's own parts give: a Redis that asks for a password."""
+    from producer.protocol.connection import auth_problem, redact
+
+    problem = auth_problem(redis_url)
+    detail = problem or f"{redact(redis_url)} asks for credentials (or is not reachable)"
+    return [{"name": "redis password", "active": problem is None, "detail": detail}]
 
 
 @click.command()

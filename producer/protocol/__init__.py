@@ -11,11 +11,14 @@ from __future__ import annotations
 from producer.protocol.broker import TASK_NAME, broker_config
 from producer.protocol.connection import connect
 from producer.protocol.errors import (
+    AuthError,
     FarmError,
     FarmUnavailableError,
     IdConflictError,
     InputChangedError,
+    QuotaError,
     SlotReservationError,
+    TenantError,
 )
 from producer.protocol.keys import KOMBU_UNACKED, Keys
 from producer.protocol.records import Heartbeat, JobState, MessageMeta, RunningRecord
@@ -25,6 +28,7 @@ from producer.protocol.settings import Settings, get_settings
 __all__ = [
     "KOMBU_UNACKED",
     "TASK_NAME",
+    "AuthError",
     "FarmError",
     "FarmScripts",
     "FarmUnavailableError",
@@ -34,9 +38,11 @@ __all__ = [
     "JobState",
     "Keys",
     "MessageMeta",
+    "QuotaError",
     "RunningRecord",
     "Settings",
     "SlotReservationError",
+    "TenantError",
     "broker_config",
     "connect",
     "get_settings",

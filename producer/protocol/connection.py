@@ -8,6 +8,7 @@ so a loop that must keep sweeping never stalls on a missing broker.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -90,3 +91,36 @@ def _plain(exc: Exception) -> str:
         if needle in text:
             return plain
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def auth_problem(url: str) -> str | None:
+    """Why the farm's Redis at ``url`` is open to whoever reaches it, or None when it asks
+    for a password (or cannot be asked). Tenants never get Redis, but a job with network
+    access on the process or bwrap backend shares the host's network, broker included."""
+    parts = urlsplit(url)
+    target: dict[str, Any] = (
+        {"unix_socket_path": parts.path}
+        if parts.scheme == "unix"
+        else {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379}
+    )
+    anonymous = redis.Redis(
+        **target,
+        socket_timeout=IMPATIENT_TIMEOUT_S,
+        socket_connect_timeout=IMPATIENT_TIMEOUT_S,
+        ssl=parts.scheme == "rediss",
+    )
+    try:
+        anonymous.ping()
+    except (redis.AuthenticationError, redis.ResponseError):
+        return None  # it wants credentials: good
+    except redis.RedisError:
+        return None  # not reachable: `status` says so
+    finally:
+        anonymous.close()
+    where = "unix socket" if parts.scheme == "unix" else target["host"]
+    return (
+        f"Redis at {redact(url)} answers without a password ({where}): anyone who reaches"
+        " it reads every job's code, env and result; set requirepass or ACL users"
+        " (ops/start_redis.sh takes SANDFARM_REDIS_PASSWORD) before it is reachable from a"
+        " network, or before tenants' jobs get network access"
+    )

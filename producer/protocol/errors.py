@@ -42,6 +42,30 @@ class IdConflictError(FarmError, ValueError):
         )
 
 
+class AuthError(FarmError, PermissionError):
+    """The gateway refused the API key (missing, malformed, unknown or revoked)."""
+
+
+class TenantError(FarmError, ValueError):
+    """A tenant cannot be made, found or changed as asked: ``tenant``, ``reason``."""
+
+    def __init__(self, tenant: str, reason: str) -> None:
+        self.tenant = tenant
+        self.reason = reason
+        super().__init__(f"tenant {tenant!r}: {reason}")
+
+
+class QuotaError(FarmError, RuntimeError):
+    """A tenant's quota refused a submission: ``reason`` ("rate", "queue_full", "budget")
+    and how long to wait before trying again (``retry_after_s``), nothing accepted."""
+
+    def __init__(self, tenant: str, reason: str, message: str, retry_after_s: float) -> None:
+        self.tenant = tenant
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        super().__init__(f"tenant {tenant!r}: {message}")
+
+
 class InputChangedError(FarmError, RuntimeError):
     """A batch input line changed between validation and submission."""
 

@@ -47,3 +47,52 @@ class Keys:
     @property
     def workers(self) -> str:  # hash worker name -> heartbeat JSON
         return f"{self.prefix}workers"
+
+    # --- tenants (a job's id here is qualified: "tenant/id") ---------------------------
+
+    @property
+    def tenants(self) -> str:  # set of tenant names
+        return f"{self.prefix}tenants"
+
+    def tenant(self, name: str) -> str:  # the policy JSON
+        return f"{self.prefix}tenant:{name}"
+
+    def tenant_keys(self, name: str) -> str:  # hash key id -> ApiKey JSON
+        return f"{self.prefix}tenant:{name}:keys"
+
+    def api_key(self, digest: str) -> str:  # key hash -> "tenant key-id"
+        return f"{self.prefix}apikey:{digest}"
+
+    def pending(self, name: str) -> str:  # list of qids waiting for dispatch, FIFO
+        return f"{self.prefix}pending:{name}"
+
+    def message(self, qid: str) -> str:  # a waiting job's Celery message, TTL
+        return f"{self.prefix}msg:{qid}"
+
+    @property
+    def ready(self) -> str:  # set of tenants with pending jobs
+        return f"{self.prefix}ready"
+
+    def active(self, name: str) -> str:  # zset qid -> expiry: dispatched, not final
+        return f"{self.prefix}active:{name}"
+
+    @property
+    def active_all(self) -> str:  # the same over every tenant: the farm's capacity in use
+        return f"{self.prefix}active"
+
+    @property
+    def vtime(self) -> str:  # hash tenant -> virtual time (service received / weight)
+        return f"{self.prefix}vtime"
+
+    @property
+    def vclock(self) -> str:  # the virtual time of the last dispatch
+        return f"{self.prefix}vclock"
+
+    def bucket(self, name: str) -> str:  # hash tokens, ts: the submission rate
+        return f"{self.prefix}bucket:{name}"
+
+    def usage(self, name: str, day: str) -> str:  # hash counters of one UTC day, TTL
+        return f"{self.prefix}usage:{name}:{day}"
+
+    def joblist(self, name: str) -> str:  # zset qid -> submit time, for listings
+        return f"{self.prefix}jobs:{name}"

@@ -23,9 +23,15 @@ class _Record(BaseModel):
 class MessageMeta(_Record):
     """Sent with each task: ``args = [spec, meta]``."""
 
-    id: str  # the job id (also the Celery task id)
+    id: str  # the job id as its tenant named it
+    tenant: str | None = None  # whose job; its keys are by "tenant/id" (the task id)
+    ttl: int | None = None  # seconds its result lives (the tenant's policy)
     queued_at: datetime | None = None
     notify: str | None = None  # the submitting client's completion list
+
+    @property
+    def qid(self) -> str:
+        return f"{self.tenant}/{self.id}" if self.tenant else self.id
 
 
 class JobState(_Record):

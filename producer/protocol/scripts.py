@@ -1,13 +1,16 @@
 """The farm's Lua scripts (``scripts/*.lua``, as dramatiq keeps them) behind typed calls.
 
 Each script is one atomic step of the contract; its KEYS and ARGV are documented at the
-top of its file and built only here.
+top of its file and built only here. Scripts that dispatch start with the shared
+``lib_dispatch.lua``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -19,11 +22,40 @@ from producer.protocol.records import RunningRecord
 from producer.protocol.settings import Settings
 from sandbox_core import JobResult
 
+_DISPATCHING = ("submit_jobs", "store_result", "dispatch")
+
 
 @cache
 def source(name: str) -> str:
-    """The text of ``scripts/<name>.lua``."""
-    return resources.files("producer.protocol").joinpath(f"scripts/{name}.lua").read_text()
+    """The text of ``scripts/<name>.lua`` (after the dispatch library, where it uses it)."""
+    files = resources.files("producer.protocol").joinpath("scripts")
+    body = files.joinpath(f"{name}.lua").read_text()
+    if name in _DISPATCHING:
+        return files.joinpath("lib_dispatch.lua").read_text() + "\n" + body
+    return body
+
+
+def utc_day(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y%m%d")
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What submit_jobs said: per job "new", "same" or "conflict"; or why it refused all."""
+
+    codes: list[str]
+    refusal: str | None = None  # "conflict" | "queue_full" | "rate" | "budget"
+    detail: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One job as submit_jobs takes it."""
+
+    qid: str
+    spec_hash: str
+    state: str  # the JobState JSON
+    message: str  # the Celery message, moved into the queue when dispatched
 
 
 class FarmScripts:
@@ -34,32 +66,102 @@ class FarmScripts:
         self.keys = settings.keys
         self._store: Any = client.register_script(source("store_result"))
         self._begin: Any = client.register_script(source("begin_attempt"))
+        self._submit: Any = client.register_script(source("submit_jobs"))
+        self._dispatch: Any = client.register_script(source("dispatch"))
+
+    def _dispatch_args(self) -> list[Any]:
+        return [
+            self.settings.queue,
+            self.settings.dispatch_margin,
+            self.settings.visibility_timeout,
+        ]
+
+    def submit_jobs(
+        self,
+        tenant: str,
+        jobs: list[Submission],
+        *,
+        ttl: int,
+        all_or_nothing: bool,
+        max_queued: int,
+        bucket: tuple[float, float] | None,
+        cpu_budget_ms: float | None,
+        client: redis.Redis | redis.client.Pipeline | None = None,
+    ) -> Admitted:
+        rate, burst = bucket if bucket else ("", "")
+        args: list[Any] = [
+            self.keys.prefix,
+            tenant,
+            ttl,
+            "all" if all_or_nothing else "some",
+            max_queued,
+            rate,
+            burst,
+            "" if cpu_budget_ms is None else cpu_budget_ms,
+            utc_day(),
+            self.settings.queue,
+            self.settings.dispatch_margin,
+            self.settings.visibility_timeout,
+            len(jobs),
+        ]
+        for job in jobs:
+            args += [job.qid, job.spec_hash, job.state, job.message]
+        reply = [_text(v) for v in self._submit(keys=[], args=args, client=client)]
+        if reply[0] == "ok":
+            return Admitted(codes=reply[1:])
+        return Admitted(codes=[], refusal=reply[0], detail=tuple(reply[1:]))
+
+    def dispatch(self, max_moves: int = 64) -> int:
+        """Move waiting jobs into the Celery queue while the farm has room."""
+        queue, margin, expiry = self._dispatch_args()
+        return int(
+            self._dispatch(keys=[], args=[self.keys.prefix, queue, margin, max_moves, expiry])
+        )
 
     def store_result(
-        self, result: JobResult, notify: str | None, count_duplicate: bool = True
+        self,
+        result: JobResult,
+        notify: str | None,
+        qid: str,
+        tenant: str | None,
+        *,
+        ttl: int | None = None,
+        count_duplicate: bool = True,
     ) -> bool:
-        """First stored result wins; returns False (counted as a duplicate) otherwise."""
+        """First stored result wins; returns False (counted as a duplicate) otherwise. A
+        stored result of a tenant's job counts its usage and dispatches the next job."""
         keys = self.keys
-        job_id = result.id or ""
+        payload = result.model_dump_json()
+        queue, margin, expiry = self._dispatch_args()
         stored = self._store(
             keys=[
-                keys.result(job_id),
+                keys.result(qid),
                 notify or "",
                 keys.duplicates if count_duplicate else keys.ignored,
                 keys.in_flight,
-                keys.running(job_id),
+                keys.running(qid),
             ],
             args=[
-                result.model_dump_json(),
-                self.settings.result_ttl_s,
-                job_id,
+                payload,
+                ttl or self.settings.result_ttl_s,
+                qid,
                 self.settings.done_max_len,
+                keys.prefix,
+                tenant or "",
+                utc_day(),
+                result.status.value,
+                result.resources.cpu_ms,
+                result.timings.run_ms or 0.0,
+                len(payload),
+                queue,
+                margin,
+                expiry,
             ],
         )
         return bool(stored)
 
     def begin_attempt(
-        self, job_id: str, running: RunningRecord, timeout_s: float
+        self, qid: str, tenant: str | None, running: RunningRecord, timeout_s: float
     ) -> tuple[int, bool]:
         """(attempt number, cancelled); attempt -1 when the job already has a result."""
         keys = self.keys
@@ -67,22 +169,28 @@ class FarmScripts:
         running_for = timeout_s + margins.RUNNING_MARGIN_S
         attempts, cancelled = self._begin(
             keys=[
-                keys.result(job_id),
-                keys.attempts(job_id),
-                keys.running(job_id),
-                keys.cancel(job_id),
+                keys.result(qid),
+                keys.attempts(qid),
+                keys.running(qid),
+                keys.cancel(qid),
                 keys.in_flight,
+                keys.active(tenant) if tenant else "",
+                keys.active_all if tenant else "",
             ],
             args=[
                 self.settings.result_ttl_s,
                 running.dump(),
                 int(running_for),
-                job_id,
+                qid,
                 now + running_for,
                 now,
             ],
         )
         return int(attempts), bool(cancelled)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def loads(raw: bytes | str | None) -> dict[str, Any] | None:

@@ -67,6 +67,21 @@ class Settings(BaseSettings):
         ge=0,
         description="seconds between scans for lost (unacked) jobs; default: visibility/4, 1..10s",
     )
+    client_tenant: str = Field(
+        "trusted",
+        pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
+        description="the tenant the trusted SDK and CLI (FarmClient) submit as, through the"
+        " same fair-share queues as everyone (made, if missing, with max_queued 1,000,000)",
+    )
+    dispatch_margin: int = Field(
+        2,
+        ge=0,
+        description="jobs dispatched beyond the online slots (the Celery queue stays this"
+        " short, so fair share decides late)",
+    )
+    gateway_max_body_mb: int = Field(
+        16, ge=1, le=1024, description="the gateway refuses request bodies over this (413)"
+    )
     done_max_len: int = Field(
         1_000_000, ge=1000, description="cap of a client's completion list (oldest dropped)"
     )

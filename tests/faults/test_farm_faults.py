@@ -48,7 +48,7 @@ def shared_dir() -> Path:
 def running(client, job_id: str) -> dict | None:
     import json
 
-    raw = client.redis.get(client.keys.running(job_id))
+    raw = client.redis.get(client.keys.running(client.jobs.qid(job_id)))
     return json.loads(raw) if raw else None
 
 

@@ -25,8 +25,16 @@ from tests.conftest import job_shared_dir, require
 BIN = Path(sys.executable).parent
 
 
-def sandfarm(*args: str, url: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def sandfarm(
+    *args: str, url: str, timeout: float = 60, api: tuple[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI on the farm at ``url``; with ``api`` (gateway URL, key), `batch run`
+    goes through the tenants' gateway instead of Redis."""
     env = {**os.environ, "SANDFARM_REDIS_URL": url, "COLUMNS": "200"}
+    if api is not None:
+        env = {**os.environ, "SANDFARM_API_KEY": api[1], "COLUMNS": "200"}
+        env.pop("SANDFARM_REDIS_URL", None)  # a tenant has no Redis
+        args = (*args, "--api", api[0])
     return subprocess.run(
         [str(BIN / "sandfarm"), *args], env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -155,14 +163,40 @@ def test_bad_lines_reported_good_lines_run_exactly_once(farm: str, marks: Path, 
     assert "expected status: 4/4 as labelled" in proc.stdout
 
 
-def test_resume_skips_done_ids_and_never_reruns(farm: str, marks: Path, tmp_path) -> None:
+@pytest.fixture(params=["redis", "api"])
+def through(request, farm: str, tmp_path_factory) -> Iterator[tuple[str, str] | None]:
+    """How the batch reaches the farm: Redis (None) or a real gateway (its URL, a key)."""
+    if request.param == "redis":
+        yield None
+        return
+    from producer.protocol import get_settings
+    from tests.farmkit import Farm
+    from tests.gatewaykit import TenantFarm
+
+    settings = get_settings(redis_url=farm)  # the module worker's queue and prefix
+    tf = TenantFarm(
+        Farm(
+            farm,
+            tmp_path_factory.mktemp("gw"),
+            {"SANDFARM_QUEUE": settings.queue, "SANDFARM_KEY_PREFIX": settings.key_prefix},
+        )
+    )
+    try:
+        gateway = tf.start_gateway()
+        yield gateway.url, tf.tenant(f"batch-{uuid.uuid4().hex[:6]}")
+    finally:
+        tf.stop()
+
+
+def test_resume_skips_done_ids_and_never_reruns(farm: str, marks: Path, tmp_path, through) -> None:
     jobs = write_jobs(tmp_path / "jobs.jsonl", mixed_jobs(marks))
     out = tmp_path / "results.jsonl"
-    assert sandfarm("batch", "run", str(jobs), "-o", str(out), url=farm).returncode == 0
+    first_run = sandfarm("batch", "run", str(jobs), "-o", str(out), url=farm, api=through)
+    assert first_run.returncode == 0, first_run.stderr
     first = out.read_text()
 
     # Everything already answered: nothing is submitted, RESULTS is unchanged.
-    again = sandfarm("batch", "run", str(jobs), "-o", str(out), url=farm)
+    again = sandfarm("batch", "run", str(jobs), "-o", str(out), url=farm, api=through)
     assert again.returncode == 0, again.stderr
     assert "resuming: 5 jobs already in" in again.stderr
     assert out.read_text() == first
@@ -175,7 +209,7 @@ def test_resume_skips_done_ids_and_never_reruns(farm: str, marks: Path, tmp_path
     # A line appended to the input since: it runs, once.
     with jobs.open("a") as fh:
         fh.write(json.dumps({"command": f"echo run >> {marks}/added"}) + "\n")
-    third = sandfarm("batch", "run", str(jobs), "-o", str(out), url=farm)
+    third = sandfarm("batch", "run", str(jobs), "-o", str(out), url=farm, api=through)
     assert third.returncode == 0, third.stderr
     assert "resuming: 4 jobs already in" in third.stderr
     results = [r for r in read_tolerant(out) if "status" in r]

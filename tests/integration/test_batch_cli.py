@@ -310,7 +310,7 @@ def fake_module(monkeypatch: pytest.MonkeyPatch, factory) -> None:
     module = types.ModuleType("producer.client")
     module.FarmClient = factory  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "producer.client", module)
-    monkeypatch.setattr("producer.commands.batch.reachable_settings", lambda **kw: None)
+    monkeypatch.setattr("producer.commands.common.reachable_settings", lambda **kw: None)
 
 
 def test_cli_run_exit_0_whatever_the_statuses(tmp_path: Path, fake_farm) -> None:

@@ -66,3 +66,43 @@ def test_schema_and_doctor():
     doctor = json.loads(sandfarm("doctor", "--json").stdout)
     names = {item["name"] for item in doctor["process"]}
     assert {"uid_isolation", "network_isolation", "tree_kill", "rlimits"} <= names
+
+
+def test_doctor_warns_of_a_redis_without_password(tmp_path: Path) -> None:
+    import os
+    import shutil
+
+    from tests.conftest import require
+    from tests.gatewaykit import free_port
+
+    require(shutil.which("redis-server") is not None, "redis-server is not installed")
+    port = free_port()
+    env = {**os.environ, "SANDFARM_REDIS_PASSWORD": "s3cret-pw"}
+    subprocess.run(["ops/start_redis.sh", str(port), str(tmp_path / "redis")], env=env, check=True)
+    try:
+        # the attack's precondition: an open Redis answers anyone (the suite's own)
+        url = os.environ.get("SANDFARM_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+        def farm_row(redis_url: str) -> dict:
+            run = subprocess.run(
+                [*SANDFARM, "doctor", "--json"],
+                env={**os.environ, "SANDFARM_REDIS_URL": redis_url},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            return json.loads(run.stdout)["farm"][0]
+
+        row = farm_row(url)
+        assert row["active"] is False and "without a password" in row["detail"]
+        locked = farm_row(f"redis://:s3cret-pw@127.0.0.1:{port}/0")
+        assert locked["active"] is True and "s3cret-pw" not in locked["detail"]
+        # the password is in no process's command line
+        procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "s3cret-pw" not in procs
+    finally:
+        subprocess.run(
+            ["redis-cli", "-p", str(port), "-a", "s3cret-pw", "--no-auth-warning", "shutdown",
+             "nosave"],
+            capture_output=True,
+        )  # fmt: skip

@@ -125,11 +125,13 @@ def test_mixed_batch_exactly_one_correct_result_per_job(farm: Farm) -> None:
         ids = client.submit_many([spec for spec, _, _ in jobs])
         # A spec only the worker sees (sent raw, by task name): rejected there, field named.
         bad_id = f"{tag}-bad"
-        client.redis.set(client.keys.job(bad_id), "{}", ex=60)
-        meta = {"id": bad_id, "notify": client.done_key}
+        qid = f"{client.tenant}/{bad_id}"
+        client.redis.set(client.keys.job(qid), "{}", ex=60)
+        meta = {"id": bad_id, "tenant": client.tenant, "notify": client.done_key}
         client.celery.send_task(
             TASK_NAME,
             args=[{"command": "true", "limits": {"timeout_s": 1e9}}, meta],
+            task_id=qid,
             queue=client.settings.queue,
         )
         results = collect_once(client, [*ids, bad_id], 90, farm)
@@ -148,9 +150,9 @@ def test_mixed_batch_exactly_one_correct_result_per_job(farm: Farm) -> None:
         stored = list(client.redis.scan_iter(client.keys.result("*"), count=1000))
         assert len(stored) == len(results)
         assert client.status()["duplicates"] == 0
-        ttl = client.redis.ttl(client.keys.result(ids[0]))
+        ttl = client.redis.ttl(client.keys.result(client.jobs.qid(ids[0])))
         assert 0 < ttl <= client.settings.result_ttl_s
-        assert client.redis.ttl(client.keys.job(ids[0])) > 0
+        assert client.redis.ttl(client.keys.job(client.jobs.qid(ids[0]))) > 0
 
 
 def test_same_id_twice_runs_once(farm: Farm) -> None:
@@ -170,7 +172,7 @@ def test_same_id_twice_runs_once(farm: Farm) -> None:
         assert result is not None and result.status == Status.SUCCEEDED
         time.sleep(1.0)  # a second execution, if any, would have started by now
         assert counter.read_text() == "run\n"
-        assert first.redis.get(first.keys.attempts(job_id)) == b"1"
+        assert first.redis.get(first.keys.attempts(first.jobs.qid(job_id))) == b"1"
         assert first.redis.llen(first.settings.queue) == 0
     shutil.rmtree(shared)
 
@@ -178,7 +180,11 @@ def test_same_id_twice_runs_once(farm: Farm) -> None:
 def test_cancel_queued_and_running(farm: Farm) -> None:
     with farm.client() as client:
         running_id = client.submit({"command": "sleep 20", "limits": {"timeout_s": 60}})
-        wait_for(lambda: client.redis.exists(client.keys.running(running_id)), 20, what="start")
+        wait_for(
+            lambda: client.redis.exists(client.keys.running(client.jobs.qid(running_id))),
+            20,
+            what="start",
+        )
         t0 = time.monotonic()
         assert client.cancel(running_id) is True
         result = client.result(running_id, timeout=15)
@@ -216,7 +222,7 @@ def test_as_completed_5000_jobs_in_few_redis_calls(farm_db: str) -> None:  # noq
         pipe = client.redis.pipeline(transaction=False)
         for job_id in ids:
             payload = JobResult(id=job_id, status=Status.SUCCEEDED).model_dump_json()
-            pipe.set(client.keys.result(job_id), payload, ex=300)
+            pipe.set(client.keys.result(client.jobs.qid(job_id)), payload, ex=300)
         pipe.execute()
         # Half are already stored before collection starts; half announced on the list.
         calls: list[str] = []
@@ -228,8 +234,8 @@ def test_as_completed_5000_jobs_in_few_redis_calls(farm_db: str) -> None:  # noq
 
         # Results that exist but are announced only later: delete half, announce them.
         late = ids[n // 2 :]
-        saved = client.redis.mget([client.keys.result(i) for i in late])
-        client.redis.delete(*(client.keys.result(i) for i in late))
+        saved = client.redis.mget([client.keys.result(client.jobs.qid(i)) for i in late])
+        client.redis.delete(*(client.keys.result(client.jobs.qid(i)) for i in late))
         client.redis.execute_command = counting  # type: ignore[method-assign]
         collected = []
         it = client.as_completed(ids, timeout=30, batch=batch)
@@ -238,7 +244,7 @@ def test_as_completed_5000_jobs_in_few_redis_calls(farm_db: str) -> None:  # noq
         before = len(calls)
         pipe = client.redis.pipeline(transaction=False)
         for job_id, raw in zip(late, saved, strict=True):
-            pipe.set(client.keys.result(job_id), raw, ex=300)
+            pipe.set(client.keys.result(client.jobs.qid(job_id)), raw, ex=300)
         pipe.rpush(client.done_key, *late)
         pipe.execute()
         collected.extend(it)
@@ -249,7 +255,7 @@ def test_as_completed_5000_jobs_in_few_redis_calls(farm_db: str) -> None:  # noq
         assert before <= n // batch + 1
         assert len(calls) <= 2 * (n // batch) + 4, calls
         assert "MGET" in calls and "BLMPOP" in calls
-        client.redis.delete(*(client.keys.result(i) for i in ids))
+        client.redis.delete(*(client.keys.result(client.jobs.qid(i)) for i in ids))
 
 
 def test_status_counts_workers_and_queue(farm: Farm) -> None:
@@ -326,7 +332,8 @@ def test_flower_lists_workers_and_tasks_with_summary(farm: Farm) -> None:
                 probe = client.submit({"command": "true"})
                 client.result(probe, timeout=10)
                 time.sleep(0.5)
-                return probe in requests.get(f"{base}/api/tasks", timeout=10).json()
+                tasks = requests.get(f"{base}/api/tasks", timeout=10).json()
+                return client.jobs.qid(probe) in tasks  # Celery's task id: "tenant/id"
 
             wait_for(listening, 40, 0.1, "flower receiving events")
         secret = "print('TOP-SECRET-CODE')"
@@ -345,7 +352,10 @@ def test_flower_lists_workers_and_tasks_with_summary(farm: Farm) -> None:
 
         def tasks() -> dict | None:
             data = requests.get(f"{base}/api/tasks", timeout=10).json()
-            mine = {k: v for k, v in data.items() if k in ids and v.get("state") == "SUCCESS"}
+            qids = {f"{client.tenant}/{i}": i for i in ids}
+            mine = {
+                qids[k]: v for k, v in data.items() if k in qids and v.get("state") == "SUCCESS"
+            }
             return mine if len(mine) == len(ids) else None
 
         listed = wait_for(tasks, 30, 0.5, "flower lists the finished tasks")

@@ -84,7 +84,8 @@ def flower_farm(farm_db: str, tmp_path, is_root: bool):  # noqa: F811
                 probe = client.submit({"command": "true"})
                 client.result(probe, timeout=10)
                 time.sleep(0.5)
-                return probe in requests.get(f"{base}/api/tasks", timeout=10).json()
+                tasks = requests.get(f"{base}/api/tasks", timeout=10).json()
+                return client.jobs.qid(probe) in tasks  # Celery's task id: "tenant/id"
 
             wait_for(listening, 40, 0.1, "flower receiving events")
         yield farm, worker, base
@@ -105,6 +106,7 @@ def test_flower_and_the_log_show_each_jobs_status(flower_farm) -> None:
             "slow": client.submit({"command": "sleep 10", "limits": {"timeout_s": 1}}),
         }
         results = {r.id: r for r in client.as_completed(list(ids.values()), timeout=60)}
+        tenant = client.tenant
     assert [results[ids[k]].status.value for k in ("ok", "fail", "slow")] == [
         "succeeded",
         "failed",
@@ -113,7 +115,8 @@ def test_flower_and_the_log_show_each_jobs_status(flower_farm) -> None:
 
     def listed() -> dict | None:
         data = requests.get(f"{base}/api/tasks", timeout=10).json()
-        mine = {k: data[v] for k, v in ids.items() if data.get(v, {}).get("result")}
+        qids = {k: f"{tenant}/{v}" for k, v in ids.items()}
+        mine = {k: data[q] for k, q in qids.items() if data.get(q, {}).get("result")}
         return mine if len(mine) == len(ids) else None
 
     tasks = wait_for(listed, 30, 0.5, "flower lists the three jobs with results")
@@ -124,8 +127,8 @@ def test_flower_and_the_log_show_each_jobs_status(flower_farm) -> None:
         assert task["result"].rstrip("'").endswith("process")  # the backend that ran it
         assert "backend=process" in task["args"] and "backend=default" not in task["args"]
     log = worker.log.read_text()
-    assert f"[{ids['fail']}] ran in" in log and "failed exit=3" in log
-    assert f"[{ids['fail']}] succeeded" not in log
+    assert f"[{tenant}/{ids['fail']}] ran in" in log and "failed exit=3" in log
+    assert "] succeeded" not in log
 
     # The task list as an operator sees it, in a real browser.
     ARTIFACTS.mkdir(exist_ok=True)

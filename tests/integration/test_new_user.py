@@ -50,7 +50,7 @@ def test_a_reused_id_never_returns_a_stale_verdict(farm: Farm) -> None:
         assert first is not None and first.status == Status.SUCCEEDED
         # The same id and spec: idempotent, the same job (it does not run again).
         assert client.submit({"id": job_id, "code": "print('first')"}) == job_id
-        assert client.redis.get(client.keys.attempts(job_id)) == b"1"
+        assert client.redis.get(client.keys.attempts(client.jobs.qid(job_id))) == b"1"
         # The same id for another spec: refused, through the SDK...
         with pytest.raises(IdConflictError) as info:
             client.submit({"id": job_id, "code": "raise SystemExit(1)"})

@@ -22,6 +22,24 @@ done
 """
 
 
+KEYS = (
+    "uid",
+    "groups",
+    "as",
+    "nproc",
+    "fsize",
+    "nofile",
+    "core",
+    "umask",
+    "nnp",
+    "capeff",
+    "ifaces",
+    "fds",
+    "cgroups",
+    "memcg",
+)
+
+
 def _probe(helper: str) -> dict[str, str]:
     backend = get_backend("process", exec_helper=helper)
     try:
@@ -29,9 +47,12 @@ def _probe(helper: str) -> dict[str, str]:
     finally:
         backend.close()
     assert result.status == "succeeded", result
-    return dict(
+    found = dict(
         item.split("=", 1) for line in result.steps[0].stdout.splitlines() for item in line.split()
     )
+    # the probe ran to its end: every reading is there
+    assert set(found) == set(KEYS), result
+    return found
 
 
 def test_helper_and_python_setup_agree(is_root):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import resource
+from pathlib import Path
 
 from sandbox_core import Status
 
@@ -34,15 +34,40 @@ def test_flood_of_300kb_keeps_head_and_tail(run):
     _check_flood(result, 300, 8192)
 
 
+def _memory_kb(name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {name} in /proc/self/status")
+
+
+def _reset_peak_rss() -> int:
+    """Reset this process's peak RSS (VmHWM) to its current RSS, which it returns: unlike
+    ru_maxrss (a lifetime peak, which earlier tests may have set high), VmHWM then shows
+    the growth from here on."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _memory_kb("VmRSS")
+
+
+def _growth_kb(base_kb: int) -> int:
+    return _memory_kb("VmHWM") - base_kb
+
+
 def test_flood_of_1gb_is_bounded_in_worker_memory(run):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # positive control: the measure sees a 64 MiB growth in this process
+    base = _reset_peak_rss()
+    ballast = bytearray(64 * 1024 * 1024)
+    ballast[::4096] = b"y" * len(ballast[::4096])
+    assert _growth_kb(base) >= 60 * 1024
+    del ballast
     blocks = 1024 * 1024  # 1 GiB
+    base = _reset_peak_rss()
     result = run(
         code=FLOOD.format(blocks=blocks),
         limits={"output_bytes": 65536, "flood_kill_bytes": 2 * 1024**3, "timeout_s": 120},
     )
-    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-    _check_flood(result, blocks, 65536)
+    grown_kb = _growth_kb(base)
+    _check_flood(result, blocks, 65536)  # the whole GiB went through the worker
     assert grown_kb < 32 * 1024, f"worker RSS grew by {grown_kb} KiB"
 
 
@@ -50,6 +75,7 @@ def test_flood_past_the_kill_threshold_is_stopped(run):
     result = run(command="yes flood", limits={"flood_kill_bytes": 1024 * 1024, "timeout_s": 20})
     step = result.steps[0]
     assert result.status == Status.OUTPUT_FLOODED, result
+    assert step.stdout.startswith("flood\n"), result  # the flood ran
     assert step.status.value == "output_flooded"
     assert step.stdout_bytes >= 1024 * 1024
     assert step.duration_ms < 10_000
@@ -58,7 +84,8 @@ def test_flood_past_the_kill_threshold_is_stopped(run):
 def test_stderr_flood_is_bounded_too(run):
     result = run(command="head -c 2000000 /dev/zero | tr '\\0' e >&2; echo done")
     step = result.steps[0]
-    assert step.stderr_bytes == 2_000_000
+    assert step.stderr_bytes == 2_000_000, result
+    assert step.stderr.startswith("eeee") and step.stderr.endswith("eeee")  # head and tail
     assert len(step.stderr) < 70_000
     assert step.stdout == "done\n"
 

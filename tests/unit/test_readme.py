@@ -14,7 +14,7 @@ def test_readme_settings_table_is_generated_from_the_model() -> None:
     text = README.read_text()
     match = re.search(r"<!-- settings:.*?-->\n(.*?)\n<!-- /settings -->", text, re.S)
     assert match, "the README lost its settings markers"
-    assert match.group(1) == Settings.table(), "run: sandfarm settings --markdown"
+    assert match.group(1) == Settings.table(), "run: make readme"
     for name in Settings.model_fields:
         assert f"`SANDFARM_{name.upper()}`" in match.group(1)
 

@@ -1,19 +1,34 @@
--- Store a job's final result once, and announce it on the submitting client's list.
+-- Store a job's final result once, announce it on the submitting client's list, count
+-- the tenant's usage, free its dispatch slot and dispatch the next job, in one step.
 -- The first stored result wins; a second one (a redelivered job) is only counted.
 -- KEYS: result, done list ('' for none), duplicates counter, in-flight zset, running flag
--- ARGV: result JSON, ttl seconds, job id, done-list cap
--- Returns 1 when stored, 0 for a duplicate.
+-- ARGV: 1 result JSON, 2 ttl (s), 3 qid, 4 done-list cap, 5 prefix, 6 tenant ('' for
+-- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes, 12 Celery queue,
+-- 13 margin, 14 active expiry (s). Returns 1 when stored, 0 for a duplicate.
+local qid, prefix, tenant = ARGV[3], ARGV[5], ARGV[6]
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   if KEYS[2] ~= '' then
-    redis.call('RPUSH', KEYS[2], ARGV[3])
+    redis.call('RPUSH', KEYS[2], qid)
     redis.call('LTRIM', KEYS[2], -tonumber(ARGV[4]), -1)
     redis.call('EXPIRE', KEYS[2], ARGV[2])
   end
-  redis.call('ZREM', KEYS[4], ARGV[3])
+  redis.call('ZREM', KEYS[4], qid)
   redis.call('DEL', KEYS[5])
+  if tenant ~= '' then
+    local usage = prefix .. 'usage:' .. tenant .. ':' .. ARGV[7]
+    redis.call('HINCRBY', usage, 'jobs', 1)
+    redis.call('HINCRBY', usage, 'status:' .. ARGV[8], 1)
+    redis.call('HINCRBYFLOAT', usage, 'cpu_ms', ARGV[9])
+    redis.call('HINCRBYFLOAT', usage, 'wall_ms', ARGV[10])
+    redis.call('HINCRBY', usage, 'bytes', ARGV[11])
+    redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
+    redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
+    redis.call('ZREM', prefix .. 'active', qid)
+    dispatch(prefix, ARGV[12], tonumber(ARGV[13]), 2, tonumber(ARGV[14]))
+  end
   return 1
 end
 redis.call('INCR', KEYS[3])
 redis.call('EXPIRE', KEYS[3], ARGV[2])
-redis.call('ZREM', KEYS[4], ARGV[3])
+redis.call('ZREM', KEYS[4], qid)
 return 0

@@ -145,7 +145,9 @@ def create_container(
             security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
             mem_limit=profile.memory_mb * mib,
             memswap_limit=profile.memory_mb * mib,
-            pids_limit=profile.processes + 4,  # + init, keeper and our exec helpers
+            # + init and keeper (the farm's helpers never run beside a step); nproc binds
+            # the job's uid exactly: it is the slot's, which nothing else on the host uses
+            pids_limit=profile.processes + 2,
             nano_cpus=int(profile.cpus * 1e9),
             ulimits=_ulimits(profile),
             runtime=config.runtime,
@@ -187,6 +189,7 @@ def _ulimits(profile: Profile) -> list[Any]:
     fsize = profile.file_size_mb * d.MIB
     return [
         Ulimit(name="nofile", soft=profile.open_files, hard=profile.open_files),
+        Ulimit(name="nproc", soft=profile.processes, hard=profile.processes),
         Ulimit(name="fsize", soft=fsize, hard=fsize),
         Ulimit(name="core", soft=0, hard=0),
         Ulimit(name="cpu", soft=profile.cpu_s, hard=profile.cpu_s + 1),

@@ -238,7 +238,8 @@ class DockerSession(Session):
             env=env,
         )
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
-        outcome.cpu_ms = (self.cgroup.cpu_ns() - cpu_before) / 1e6  # the kernel's count
+        # the kernel's count; 0 where the cgroup went with the container (killed)
+        outcome.cpu_ms = max(0.0, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
         return outcome
 
     def _oom_killed(self) -> bool:

@@ -1,0 +1,148 @@
+"""The gateway app: stateless (everything lives in Redis), so any number of instances
+serve the same farm. Each also dispatches now and then, so jobs move even when no
+submission or finished job has just done it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from producer.gateway import problems
+from producer.gateway.context import Farm, farm_of
+from producer.gateway.routes import router
+from producer.gateway.schemas import Health
+from producer.protocol import FarmScripts, Settings, connect, get_settings
+
+DISPATCH_EVERY_S = 1.0
+THREADS = 200  # handlers run in threads; long-polls hold one each
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class BodyLimit:
+    """Refuse a request body over ``limit`` bytes with 413, counted as it arrives (a
+    client may lie in Content-Length, or send none). The body is read here, up to the
+    limit, and handed on whole: the app would hold it all anyway to parse it."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, send)
+            return
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await self._refuse(scope, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        whole: MutableMapping[str, Any] = {"type": "http.request", "body": b"".join(chunks)}
+        handed = False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal handed
+            if handed:
+                return await receive()  # after the body: the disconnect, when it comes
+            handed = True
+            return whole
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        problem = problems.Problem(
+            type=problems.TYPES + "too-large",
+            title="Request too large",
+            status=413,
+            detail=f"the body is over {self.limit} bytes: send fewer or smaller jobs",
+        )
+        response = problems.response(problem, {"Connection": "close"})
+        await response(scope, _nothing, send)
+
+
+async def _nothing() -> MutableMapping[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    farm = Farm(connect(settings.redis_url), settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
+        ticker = asyncio.create_task(_dispatching(farm))
+        try:
+            yield
+        finally:
+            ticker.cancel()
+            farm.redis.close()
+
+    app = FastAPI(
+        title="sandfarm",
+        version="1",
+        summary="Run untrusted code in bounded sandboxes: the tenants' API",
+        lifespan=lifespan,
+    )
+    app.state.farm = farm
+    app.add_exception_handler(problems.ProblemError, problems.on_problem)
+    app.add_exception_handler(RequestValidationError, problems.on_invalid)
+    app.add_exception_handler(StarletteHTTPException, problems.on_http_error)
+    app.include_router(router)
+
+    @app.get("/healthz", response_model=Health, summary="The process is up")
+    def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=Health,
+        responses=problems.problems(503, api=False),
+        summary="The farm's Redis answers",
+    )
+    def readyz(request: Request) -> Health | JSONResponse:
+        try:
+            farm_of(request).redis.ping()
+        except Exception:
+            return problems.response(
+                problems.Problem(
+                    type=problems.TYPES + "unavailable",
+                    title="Unavailable",
+                    status=503,
+                    detail="the farm's store does not answer",
+                )
+            )
+        return Health(status="ok")
+
+    app.add_middleware(BodyLimit, limit=settings.gateway_max_body_mb * 1024 * 1024)
+    return app
+
+
+async def _dispatching(farm: Farm) -> None:
+    scripts = FarmScripts(farm.redis, farm.settings)
+    while True:
+        await asyncio.sleep(DISPATCH_EVERY_S)
+        with contextlib.suppress(Exception):  # Redis away: the next tick tries again
+            await anyio.to_thread.run_sync(scripts.dispatch)

@@ -1,0 +1,244 @@
+"""GatewayClient: the SDK over HTTP, for tenants (an API key, no Redis). The same
+interface as FarmClient (producer.jobclient.JobClient), so the batch runner and the CLI
+take either.
+
+Every job gets its id on this side before it is sent, so a submission is idempotent: a
+retry after a lost reply or a dead gateway (the client moves to the next URL it knows)
+never submits twice. Over the tenant's rate it waits as long as the gateway's
+Retry-After says, then sends again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import httpx
+
+from producer.protocol import AuthError, IdConflictError, QuotaError
+from producer.protocol.errors import FarmUnavailableError
+from sandbox_core import JobResult, JobSpec, parse_spec
+from sandbox_core.errors import PolicyError, SpecError
+
+BATCH = 1000  # the gateway's most jobs (and ids) per request
+WAIT_S = 20.0  # one long-poll for results
+TRIES = 8  # connection failures and 5xx answers before giving up
+BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0)
+FULL_TRIES = 5  # a batch refused this often for a full queue goes in halves (it may
+# be larger than the tenant's max_queued)
+
+
+class GatewayClient:
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        api_key: str,
+        *,
+        client_id: str | None = None,
+        timeout_s: float = 90.0,
+    ) -> None:
+        self.urls = [url] if isinstance(url, str) else list(url)
+        if not self.urls:
+            raise SpecError("url", "give the gateway's URL")
+        self.client_id = client_id or uuid.uuid4().hex
+        headers = {"Authorization": f"Bearer {api_key}", "Sandfarm-Client": self.client_id}
+        self.http = httpx.Client(headers=headers, timeout=timeout_s)
+        self._current = 0
+
+    # --- HTTP -----------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call, retried on another gateway URL after a connection failure or 5xx;
+        every request here is safe to repeat (ids are ours)."""
+        problem: str = ""
+        for attempt in range(TRIES):
+            base = self.urls[self._current % len(self.urls)]
+            try:
+                response = self.http.request(method, base.rstrip("/") + path, **kwargs)
+            except httpx.TransportError as exc:
+                problem = f"{base}: {type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 500:
+                    return response
+                problem = f"{base}: HTTP {response.status_code}"
+            self._current += 1
+            time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+        raise FarmUnavailableError(", ".join(self.urls), f"no gateway answers ({problem})")
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._request(method, path, **kwargs)
+        if response.status_code >= 400:
+            _raise(response)
+        return response.json()
+
+    # --- submission -----------------------------------------------------------------
+
+    def submit(self, spec: JobSpec | dict[str, Any]) -> str:
+        return self.submit_many([spec])[0]
+
+    def submit_many(
+        self, specs: Iterable[JobSpec | dict[str, Any]], batch: int = BATCH
+    ) -> list[str]:
+        """Enqueue jobs; returns their ids in order. IdConflictError (after the rest are
+        sent) for ids that name another job; QuotaError only when waiting cannot help."""
+        ids: list[str] = []
+        conflicts: list[str] = []
+        chunk: list[dict[str, Any]] = []
+        for item in specs:
+            spec = item if isinstance(item, JobSpec) else parse_spec(item)
+            if spec.id is None:
+                spec = spec.model_copy(update={"id": uuid.uuid4().hex})
+            chunk.append(spec.model_dump(mode="json", exclude_none=True))
+            if len(chunk) >= min(batch, BATCH):
+                self._send(chunk, ids, conflicts)
+                chunk = []
+        if chunk:
+            self._send(chunk, ids, conflicts)
+        if conflicts:
+            raise IdConflictError(conflicts, ids)
+        return ids
+
+    def _send(self, jobs: list[dict[str, Any]], ids: list[str], conflicts: list[str]) -> None:
+        unique = list({job["id"]: job for job in jobs}.values())  # a repeated id: one job
+        full = 0  # refusals for a full queue in a row
+        while unique:
+            response = self._request("POST", "/v1/jobs/batch", json={"jobs": unique})
+            if response.status_code == 202:
+                ids.extend(job["id"] for job in jobs if job["id"] not in conflicts)
+                return
+            if response.status_code == 409:  # all or nothing there: send the rest again
+                taken = set(response.json().get("ids") or [])
+                conflicts.extend(sorted(taken))
+                unique = [job for job in unique if job["id"] not in taken]
+                if not unique:
+                    return
+                continue
+            if response.status_code == 429:
+                error = _error(response)
+                assert isinstance(error, QuotaError)
+                full += error.reason == "queue_full"
+                over_burst = error.reason == "rate" and "burst" in str(error)
+                if len(unique) > 1 and (over_burst or full >= FULL_TRIES):
+                    half = len(unique) // 2  # maybe more than could ever pass: in halves
+                    self._send(unique[:half], ids, conflicts)
+                    self._send(unique[half:], ids, conflicts)
+                    return
+                if error.reason == "budget":
+                    raise error
+                time.sleep(error.retry_after_s)
+                continue
+            _raise(response)
+
+    # --- results --------------------------------------------------------------------
+
+    def results(self, ids: Iterable[str], batch: int = BATCH) -> dict[str, JobResult]:
+        found: dict[str, JobResult] = {}
+        ids = list(ids)
+        for start in range(0, len(ids), min(batch, BATCH)):
+            reply = self._json("POST", "/v1/results", json={"ids": ids[start : start + BATCH]})
+            for raw in reply["results"]:
+                result = JobResult.model_validate(raw)
+                found[result.id or ""] = result
+        return found
+
+    def result(self, job_id: str, timeout: float | None = None) -> JobResult | None:
+        deadline = time.monotonic() + (timeout or 0)
+        while True:
+            wait = max(0.0, min(60.0, deadline - time.monotonic()))
+            reply = self._json("GET", f"/v1/jobs/{job_id}", params={"wait": wait})
+            if reply.get("status") not in ("queued", "running"):
+                return JobResult.model_validate(reply)
+            if time.monotonic() >= deadline:
+                return None
+
+    def state(self, job_id: str) -> str:
+        response = self._request("GET", f"/v1/jobs/{job_id}")
+        if response.status_code == 404:
+            return "unknown"
+        if response.status_code >= 400:
+            _raise(response)
+        return str(response.json()["status"])
+
+    def known_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for start in range(0, len(ids), BATCH):
+            part = list(ids[start : start + BATCH])
+            found.update(self._json("POST", "/v1/jobs/specs", json={"ids": part})["hashes"])
+        return found
+
+    def as_completed(
+        self,
+        ids: Iterable[str],
+        timeout: float | None = None,
+        *,
+        notice: Callable[[str], None] | None = None,
+    ) -> Iterator[JobResult]:
+        """Each job's result once, as it finishes; one long-poll per batch of results.
+        (``notice``: the farm's workers are not a tenant's to see; nothing is said.)"""
+        pending = list(dict.fromkeys(ids))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            left = WAIT_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{len(pending)} jobs not finished after {timeout:g}s")
+            found: list[JobResult] = []
+            for start in range(0, len(pending), BATCH):
+                part = pending[start : start + BATCH]
+                wait = min(WAIT_S, left) if start == 0 else 0.0
+                reply = self._json("POST", "/v1/results", json={"ids": part, "wait": wait})
+                found += [JobResult.model_validate(r) for r in reply["results"]]
+            done = {r.id for r in found}
+            pending = [i for i in pending if i not in done]
+            yield from found
+
+    # --- control --------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> bool:
+        response = self._request("POST", f"/v1/jobs/{job_id}/cancel")
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 400:
+            _raise(response)
+        return bool(response.json()["cancelled"])
+
+    def usage(self) -> dict[str, Any]:
+        reply: dict[str, Any] = self._json("GET", "/v1/usage")
+        return reply
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _error(response: httpx.Response) -> Exception:
+    """The gateway's problem as the SDK's error (the same as FarmClient raises)."""
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {"detail": response.text[:200]}
+    detail = str(problem.get("detail", ""))
+    status = response.status_code
+    if status == 409:
+        return IdConflictError(list(problem.get("ids") or []), [])
+    if status == 429:
+        reason = str(problem.get("type", "")).rsplit("/", 1)[-1]
+        retry = float(response.headers.get("Retry-After", "1"))
+        return QuotaError("(this tenant)", reason, detail, retry)
+    if status == 422:
+        field = str(problem.get("field") or "job")
+        reason = detail.removeprefix(f"{field}: ")
+        return SpecError(field, reason) if "allowed" not in reason else PolicyError(field, reason)
+    if status == 401:
+        return AuthError(f"the gateway refused the API key: {detail}")
+    return FarmUnavailableError(str(response.url), f"HTTP {status}: {detail}")
+
+
+def _raise(response: httpx.Response) -> None:
+    raise _error(response)

@@ -1,0 +1,190 @@
+"""One tenant's jobs: submit, read, wait for, cancel. The one implementation behind both
+the trusted FarmClient (its own tenant) and the tenants' gateway (the caller's tenant):
+every id here is the tenant's own; keys are by the qualified "tenant/id"."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+
+from producer.protocol import FarmScripts, Settings
+from producer.protocol.scripts import loads
+from producer.protocol.submission import prepare, submit
+from producer.protocol.tenant_store import TenantStore, text
+from producer.protocol.tenants import Policy, admit, qualified
+from sandbox_core import JobResult, JobSpec, Status
+
+DEFAULT_BATCH = 1000
+
+
+class TenantJobs:
+    def __init__(self, client: redis.Redis, settings: Settings, tenant: str) -> None:
+        self.redis = client
+        self.settings = settings
+        self.keys = settings.keys
+        self.tenant = tenant
+        self.scripts = FarmScripts(client, settings)
+        self.tenants = TenantStore(client, self.keys)
+
+    def qid(self, job_id: str) -> str:
+        return qualified(self.tenant, job_id)
+
+    def policy(self) -> Policy:
+        return self.tenants.policy(self.tenant)
+
+    # --- in -----------------------------------------------------------------------
+
+    def submit(
+        self,
+        specs: Sequence[JobSpec],
+        notify: str | None,
+        *,
+        all_or_nothing: bool,
+        policy: Policy | None = None,
+    ) -> list[str]:
+        """Admit ``specs`` (each with an id, as the policy allows: see admit(), which raises
+        otherwise) through the fair-share queue; see protocol.submission.submit."""
+        policy = policy or self.policy()
+        specs = [admit(spec, policy) for spec in specs]
+        now = datetime.now(UTC)
+        queue = self.settings.queue
+        jobs = [prepare(spec, self.tenant, policy, notify, queue, now) for spec in specs]
+        return submit(self.scripts, self.tenant, policy, jobs, all_or_nothing=all_or_nothing)
+
+    # --- out ----------------------------------------------------------------------
+
+    def results(self, ids: Iterable[str], batch: int = DEFAULT_BATCH) -> dict[str, JobResult]:
+        """The stored results among ``ids`` (one MGET per ``batch`` ids)."""
+        found: dict[str, JobResult] = {}
+        ids = list(ids)
+        for start in range(0, len(ids), batch):
+            part = ids[start : start + batch]
+            values = self.redis.mget([self.keys.result(self.qid(i)) for i in part])
+            for job_id, raw in zip(part, values, strict=True):
+                if raw is not None:
+                    found[job_id] = JobResult.model_validate_json(raw)
+        return found
+
+    def result(self, job_id: str, timeout: float | None = None) -> JobResult | None:
+        """The job's result; None if not final. ``timeout``: seconds to wait (None: no wait)."""
+        deadline = time.monotonic() + (timeout or 0)
+        delay = 0.02
+        while True:
+            raw = self.redis.get(self.keys.result(self.qid(job_id)))
+            if raw is not None:
+                return JobResult.model_validate_json(raw)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.5)
+
+    def state(self, job_id: str) -> str:
+        """Where a job is: its final status, "running", "queued", or "unknown" (never
+        submitted by this tenant, or its result expired)."""
+        qid = self.qid(job_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self.keys.result(qid))
+        pipe.exists(self.keys.running(qid))
+        pipe.exists(self.keys.job(qid))
+        result, running, known = pipe.execute()
+        if result is not None:
+            return str(JobResult.model_validate_json(result).status.value)
+        return "running" if running else "queued" if known else "unknown"
+
+    def done(self, done_key: str, wanted: set[str] | None, block_s: float, batch: int) -> list[str]:
+        """Ids (among ``wanted``, unless None) announced on the completion list
+        ``done_key``, waiting up to ``block_s`` for the first announcement (one BLMPOP)."""
+        popped = self.redis.blmpop(block_s, 1, done_key, direction="LEFT", count=batch)
+        if not popped:
+            return []
+        prefix = f"{self.tenant}/"
+        ids = (text(item).removeprefix(prefix) for item in popped[1])
+        return [i for i in dict.fromkeys(ids) if wanted is None or i in wanted]
+
+    def known_hashes(self, ids: Sequence[str]) -> dict[str, str]:
+        """The spec hash recorded for each id this tenant submitted (left out where the
+        farm no longer knows it): how resume tells an edited line from a done one."""
+        if not ids:
+            return {}
+        states = self.redis.mget([self.keys.job(self.qid(i)) for i in ids])
+        found: dict[str, str] = {}
+        for job_id, raw in zip(ids, states, strict=True):
+            state = loads(raw)
+            if state is not None:
+                found[job_id] = str(state.get("spec", ""))
+        return found
+
+    # --- control ------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job: a waiting one ends `cancelled` now, without running; a running
+        one's sandbox is stopped. False if the job is unknown or already final."""
+        keys, qid = self.keys, self.qid(job_id)
+        ttl = self.settings.result_ttl_s
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.exists(keys.result(qid))
+        pipe.get(keys.job(qid))
+        final, state = pipe.execute()
+        if final or state is None:
+            return False
+        # The cancel flag first, then look for a running sandbox: the worker sets its
+        # running flag first, then looks for the cancel flag, so one of us sees the other.
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(keys.cancel(qid), "1", ex=ttl)
+        pipe.exists(keys.running(qid))
+        _, running = pipe.execute()
+        if not running:
+            notify = (loads(state) or {}).get("notify")
+            result = JobResult(id=job_id, status=Status.CANCELLED, message="cancelled while queued")
+            result.timings.finished_at = datetime.now(UTC)
+            self.scripts.store_result(result, notify, qid, self.tenant, count_duplicate=False)
+        return True
+
+    def listing(
+        self,
+        after: tuple[float, str] | None,
+        limit: int,
+        status: str | None,
+        label: tuple[str, str] | None,
+    ) -> tuple[list[dict[str, object]], tuple[float, str] | None]:
+        """This tenant's jobs, newest first, after the cursor ``after`` (the submit time
+        and id of the last one seen: jobs of one batch share a time), filtered by status
+        and (finished jobs') label; returns (jobs, the next cursor, or None at the end)."""
+        top: str = repr(after[0]) if after is not None else "+inf"
+        found: list[dict[str, object]] = []
+        skip = 0
+        while True:
+            raw: Any = self.redis.zrevrangebyscore(
+                self.keys.joblist(self.tenant), top, "-inf", start=skip, num=200, withscores=True
+            )
+            if not raw:
+                return found, None
+            # Ties come in reverse id order: those at the cursor's time not past it are seen.
+            page = [
+                (text(qid).partition("/")[2], float(score))
+                for qid, score in raw
+                if after is None or float(score) < after[0] or text(qid) < self.qid(after[1])
+            ]
+            if not page:  # a full page of ties already seen: look further
+                skip += len(raw)
+                continue
+            skip = 0
+            results = self.results([job_id for job_id, _ in page])
+            for job_id, score in page:
+                result = results.get(job_id)
+                job_status = result.status.value if result else self.state(job_id)
+                labels = result.labels if result else {}
+                after = (score, job_id)
+                if (status and job_status != status) or (
+                    label and labels.get(label[0]) != label[1]
+                ):
+                    continue
+                found.append({"id": job_id, "status": job_status, "labels": labels})
+                if len(found) >= limit:
+                    return found, after
+            top = repr(after[0]) if after is not None else "+inf"

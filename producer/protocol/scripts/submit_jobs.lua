@@ -1,0 +1,78 @@
+-- Admit a tenant's jobs and dispatch what the farm has room for, in one atomic step.
+-- ARGV: 1 prefix, 2 tenant, 3 ttl (s), 4 mode ("all": refuse the whole call on any
+-- conflict; "some": take the rest), 5 max queued, 6 rate ("" for none), 7 burst,
+-- 8 CPU budget today in ms ("" for none), 9 UTC day, 10 Celery queue, 11 margin,
+-- 12 active expiry (s), 13 n; then per job: qid, spec hash, state JSON, message.
+-- Returns {"ok", code per job ("new" | "same" | "conflict")...}, or a refusal
+-- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
+-- | {"budget", retry_after_s}: a refusal writes nothing.
+local prefix, tenant = ARGV[1], ARGV[2]
+local ttl, mode = tonumber(ARGV[3]), ARGV[4]
+local max_queued, rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local budget, day, queue = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local margin, expiry, n = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local now = now_s()
+
+local codes, new, conflicts = {}, 0, {}
+for i = 0, n - 1 do
+  local qid, hash = ARGV[14 + 4 * i], ARGV[15 + 4 * i]
+  local state = redis.call('GET', prefix .. 'job:' .. qid)
+  if not state then
+    codes[i + 1] = 'new'
+    new = new + 1
+  else
+    local ok, s = pcall(cjson.decode, state)
+    local known = ok and type(s) == 'table' and s.spec or ''
+    if known == '' or known == hash then
+      codes[i + 1] = 'same'
+    else
+      codes[i + 1] = 'conflict'
+      conflicts[#conflicts + 1] = i
+    end
+  end
+end
+if mode == 'all' and #conflicts > 0 then return {'conflict', unpack(conflicts)} end
+
+if new > 0 then
+  if budget then
+    local used = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'cpu_ms') or '0')
+    if used >= budget then return {'budget', tostring(86400 - math.floor(now % 86400))} end
+  end
+  local pending = prefix .. 'pending:' .. tenant
+  local waiting = redis.call('LLEN', pending)
+  if waiting + new > max_queued then return {'queue_full', waiting, max_queued} end
+  if rate then
+    local bucket = prefix .. 'bucket:' .. tenant
+    local tokens = tonumber(redis.call('HGET', bucket, 'tokens') or burst)
+    local last = tonumber(redis.call('HGET', bucket, 'ts') or now)
+    tokens = math.min(burst, tokens + (now - last) * rate)
+    if tokens < new then
+      return {'rate', tostring(math.ceil((new - tokens) / rate * 1000))}
+    end
+    redis.call('HSET', bucket, 'tokens', tostring(tokens - new), 'ts', tostring(now))
+    redis.call('EXPIRE', bucket, math.ceil(burst / rate) + 60)
+  end
+  -- a tenant with nothing waiting or running starts at the farm's clock
+  if waiting == 0 and redis.call('ZCARD', prefix .. 'active:' .. tenant) == 0 then
+    local clock = tonumber(redis.call('GET', prefix .. 'vclock') or '0')
+    local mine = tonumber(redis.call('HGET', prefix .. 'vtime', tenant) or '0')
+    if mine < clock then redis.call('HSET', prefix .. 'vtime', tenant, clock) end
+  end
+  local jobs = prefix .. 'jobs:' .. tenant
+  for i = 0, n - 1 do
+    if codes[i + 1] == 'new' then
+      local qid = ARGV[14 + 4 * i]
+      redis.call('SET', prefix .. 'job:' .. qid, ARGV[16 + 4 * i], 'EX', ttl)
+      redis.call('SET', prefix .. 'msg:' .. qid, ARGV[17 + 4 * i], 'EX', ttl)
+      redis.call('RPUSH', pending, qid)
+      redis.call('ZADD', jobs, now + i * 1e-6, qid)  -- one batch listed in its order
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', jobs, '-inf', now - ttl)
+  redis.call('SADD', prefix .. 'ready', tenant)
+  for _, key in ipairs({jobs, pending, prefix .. 'ready', prefix .. 'vtime'}) do
+    redis.call('EXPIRE', key, ttl)  -- refreshed while in use; gone once the farm is idle
+  end
+end
+dispatch(prefix, queue, margin, math.max(new, 1), expiry)
+return {'ok', unpack(codes)}

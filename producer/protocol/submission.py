@@ -1,0 +1,130 @@
+"""A job on its way in: its compact wire form, its content hash, its state record and its
+Celery message, and the one admission step (submit_jobs.lua) that takes or refuses it.
+Shared by the trusted FarmClient and the tenants' gateway, so both submit alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from producer.protocol import margins
+from producer.protocol.broker import TASK_NAME
+from producer.protocol.errors import IdConflictError, QuotaError
+from producer.protocol.messages import task_message
+from producer.protocol.records import JobState, MessageMeta, spec_hash
+from producer.protocol.scripts import FarmScripts, Submission
+from producer.protocol.tenants import Policy, qualified
+from sandbox_core import JobSpec, Limits
+
+_DEFAULT_LIMITS = Limits().model_dump(mode="json")
+
+
+def compact_spec(spec: JobSpec) -> dict[str, Any]:
+    """The spec as a small JSON dict: defaults that need no saying are left out."""
+    data = spec.model_dump(mode="json", exclude_none=True)
+    for name in ("files", "env", "collect", "labels"):
+        if not data.get(name):
+            data.pop(name, None)
+    if not data.get("stop_on_error"):
+        data.pop("stop_on_error", None)
+    for step in data.get("steps", []):
+        if step.get("check") is True:
+            step.pop("check")
+    limits = {k: v for k, v in data.get("limits", {}).items() if _DEFAULT_LIMITS.get(k) != v}
+    if limits:
+        data["limits"] = limits
+    else:
+        data.pop("limits", None)
+    return data
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job ready for submit_jobs, with the hash its id will be held to."""
+
+    job_id: str
+    submission: Submission
+
+
+def prepare(
+    spec: JobSpec, tenant: str, policy: Policy, notify: str | None, queue: str, now: datetime
+) -> Prepared:
+    assert spec.id is not None
+    compact = compact_spec(spec)
+    digest = spec_hash(compact)
+    qid = qualified(tenant, spec.id)
+    meta = MessageMeta(
+        id=spec.id, tenant=tenant, ttl=policy.result_ttl_s, queued_at=now, notify=notify
+    )
+    message = task_message(
+        TASK_NAME,
+        qid,
+        [compact, meta.model_dump(mode="json", exclude_none=True)],
+        queue,
+        argsrepr=spec.summary(tenant),  # Flower and logs see this summary, never the code
+        time_limit=spec.limits.timeout_s + margins.HARD_LIMIT_MARGIN_S,
+        soft_time_limit=spec.limits.timeout_s + margins.SOFT_LIMIT_MARGIN_S,
+    )
+    state = JobState(at=now, notify=notify, spec=digest).dump()
+    return Prepared(spec.id, Submission(qid, digest, state, message))
+
+
+def submit(
+    scripts: FarmScripts,
+    tenant: str,
+    policy: Policy,
+    jobs: Sequence[Prepared],
+    *,
+    all_or_nothing: bool,
+) -> list[str]:
+    """Admit ``jobs`` (then dispatch what fits); returns their ids, in order.
+
+    Raises QuotaError (nothing taken) over the tenant's rate, queue or budget, and
+    IdConflictError for ids that name another spec: with ``all_or_nothing`` nothing is
+    taken then; without, the others are (its ``submitted`` lists them)."""
+    budget = policy.cpu_budget_s_per_day
+    admitted = scripts.submit_jobs(
+        tenant,
+        [job.submission for job in jobs],
+        ttl=policy.result_ttl_s,
+        all_or_nothing=all_or_nothing,
+        max_queued=policy.max_queued,
+        bucket=policy.bucket,
+        cpu_budget_ms=None if budget is None else budget * 1000,
+    )
+    ids = [job.job_id for job in jobs]
+    if admitted.refusal == "conflict":
+        conflicts = [ids[int(i)] for i in admitted.detail]
+        raise IdConflictError(conflicts, [])
+    if admitted.refusal is not None:
+        raise _quota_error(tenant, policy, admitted.refusal, admitted.detail, len(jobs))
+    conflicts = [i for i, code in zip(ids, admitted.codes, strict=True) if code == "conflict"]
+    if conflicts:
+        accepted = [i for i, code in zip(ids, admitted.codes, strict=True) if code != "conflict"]
+        raise IdConflictError(conflicts, accepted)
+    return ids
+
+
+def _quota_error(
+    tenant: str, policy: Policy, reason: str, detail: tuple[Any, ...], count: int
+) -> QuotaError:
+    if reason == "rate":
+        wait = int(detail[0]) / 1000
+        rate, burst = policy.bucket or (0.0, 0.0)
+        if count > burst:
+            message = f"{count} jobs at once is over the burst of {burst:g}: send fewer per call"
+        else:
+            message = f"over the rate of {rate:g} jobs/s"
+        return QuotaError(tenant, reason, message, max(wait, 0.001))
+    if reason == "queue_full":
+        waiting, cap = int(detail[0]), int(detail[1])
+        return QuotaError(tenant, reason, f"{waiting} jobs wait already (max_queued {cap})", 1.0)
+    seconds = float(detail[0]) if detail else 3600.0
+    used = policy.cpu_budget_s_per_day or 0
+    return QuotaError(tenant, reason, f"today's CPU budget of {used:g} s is spent", seconds)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,185 @@
+"""Tenants in Redis: their policies and API keys (only hashes), with the farm's state.
+
+An API key is a random token shown once; several per tenant, so a rotation has no gap;
+revoking one deletes its lookup, so the next request with it fails.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from producer.protocol.errors import TenantError
+from producer.protocol.keys import Keys
+from producer.protocol.scripts import FarmScripts, loads
+from producer.protocol.tenants import TENANT_RE, ApiKey, Policy, key_hash, new_key
+from sandbox_core import JobResult, Status
+
+
+def text(value: object) -> str:
+    """A Redis reply as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class TenantStore:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis = client
+        self.keys = keys
+
+    # --- tenants ------------------------------------------------------------------
+
+    def add(self, name: str, policy: Policy) -> None:
+        if not TENANT_RE.match(name):
+            raise TenantError(name, "a tenant name is 1-32 of [a-z0-9-], starting alphanumeric")
+        if self.redis.exists(self.keys.joblist(name)) and not self.get(name):
+            # a new team must not read a removed one's results under the old ids
+            raise TenantError(
+                name,
+                "a removed tenant's job records still hold this name until they expire:"
+                f" choose another, or delete them (sandfarm tenant remove {name} --purge)",
+            )
+        if not self.redis.set(self.keys.tenant(name), policy.model_dump_json(), nx=True):
+            raise TenantError(name, "already exists (tenant set changes it)")
+        self.redis.sadd(self.keys.tenants, name)
+
+    def ensure(self, name: str, policy: Policy | None = None) -> Policy:
+        """The tenant's policy, made (default policy) if it does not exist yet."""
+        found = self.get(name)
+        if found is not None:
+            return found
+        policy = policy or Policy()
+        if self.redis.set(self.keys.tenant(name), policy.model_dump_json(), nx=True):
+            self.redis.sadd(self.keys.tenants, name)
+            return policy
+        return self.policy(name)  # someone else made it meanwhile
+
+    def get(self, name: str) -> Policy | None:
+        raw = self.redis.get(self.keys.tenant(name))
+        if raw is None:
+            return None
+        try:
+            return Policy.model_validate_json(raw)
+        except ValidationError:
+            return Policy()  # written by a newer farm: be no more permissive than the default
+
+    def policy(self, name: str) -> Policy:
+        found = self.get(name)
+        if found is None:
+            raise TenantError(name, "no such tenant")
+        return found
+
+    def update(self, name: str, **changes: Any) -> Policy:
+        current = self.policy(name)
+        try:
+            policy = Policy.model_validate({**current.model_dump(), **changes})
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            field = ".".join(str(p) for p in err["loc"]) or "policy"
+            reason = str(err["msg"]).removeprefix("Value error, ")
+            raise TenantError(name, f"{field}: {reason}") from None
+        self.redis.set(self.keys.tenant(name), policy.model_dump_json())
+        return policy
+
+    def names(self) -> list[str]:
+        return sorted(text(n) for n in self.redis.smembers(self.keys.tenants))
+
+    def remove(self, name: str, scripts: FarmScripts, *, purge: bool = False) -> tuple[int, int]:
+        """Remove a tenant: its keys stop working at once, its waiting jobs end `cancelled`
+        (never run), its dispatched ones are asked to cancel. Returns both counts. With
+        ``purge``, its job records (results included) are deleted too, so the name is
+        free again at once; a removed tenant's leftover records can be purged later."""
+        if purge and self.get(name) is None:
+            self._purge(name)
+            return 0, 0
+        self.policy(name)
+        for key_id in list(self.key_ids(name)):
+            self.revoke_key(name, key_id)
+        pending = [text(q) for q in self.redis.lrange(self.keys.pending(name), 0, -1)]
+        cancelled = 0
+        for qid in pending:
+            notify = (loads(self.redis.get(self.keys.job(qid))) or {}).get("notify")
+            result = JobResult(
+                id=qid.partition("/")[2], status=Status.CANCELLED, message="tenant removed"
+            )
+            result.timings.finished_at = datetime.now(UTC)
+            cancelled += scripts.store_result(result, notify, qid, name, count_duplicate=False)
+        active = [text(q) for q in self.redis.zrange(self.keys.active(name), 0, -1)]
+        pipe = self.redis.pipeline(transaction=True)
+        for qid in active:
+            pipe.set(self.keys.cancel(qid), "1", ex=3600)
+        pipe.delete(self.keys.pending(name), self.keys.tenant(name), self.keys.tenant_keys(name))
+        pipe.srem(self.keys.tenants, name)
+        pipe.srem(self.keys.ready, name)
+        pipe.execute()
+        if purge:
+            self._purge(name)
+        return cancelled, len(active)
+
+    def _purge(self, name: str, chunk: int = 500) -> None:
+        """Delete every record of the tenant's jobs (listed in its job list)."""
+        listing = self.keys.joblist(name)
+        while True:
+            qids = [text(q) for q in self.redis.zrange(listing, 0, chunk - 1)]
+            if not qids:
+                break
+            pipe = self.redis.pipeline(transaction=False)
+            for qid in qids:
+                keys = self.keys
+                pipe.delete(keys.result(qid), keys.job(qid), keys.message(qid), keys.attempts(qid))
+            pipe.zrem(listing, *qids)
+            pipe.execute()
+        self.redis.delete(listing, self.keys.bucket(name))
+
+    # --- API keys -----------------------------------------------------------------
+
+    def create_key(self, name: str) -> tuple[str, ApiKey]:
+        """A new key for the tenant: the token (to show once) and its record."""
+        self.policy(name)
+        token = new_key()
+        record = ApiKey(
+            id=secrets.token_hex(4),
+            tenant=name,
+            created=datetime.now(UTC),
+            shown=token[:9],
+            digest=key_hash(token),
+        )
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.keys.tenant_keys(name), record.id, record.model_dump_json())
+        pipe.set(self.keys.api_key(record.digest), f"{name} {record.id}")
+        pipe.execute()
+        return token, record
+
+    def key_ids(self, name: str) -> list[str]:
+        return sorted(text(k) for k in self.redis.hkeys(self.keys.tenant_keys(name)))
+
+    def keys_of(self, name: str) -> list[ApiKey]:
+        raw = self.redis.hgetall(self.keys.tenant_keys(name))
+        return sorted(
+            (ApiKey.model_validate_json(v) for v in raw.values()), key=lambda k: k.created
+        )
+
+    def revoke_key(self, name: str, key_id: str) -> bool:
+        """Revoke one key; True if it existed. Its lookup goes: the next request fails."""
+        raw = self.redis.hget(self.keys.tenant_keys(name), key_id)
+        if raw is None:
+            return False
+        record = ApiKey.model_validate_json(raw)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.api_key(record.digest))
+        pipe.hdel(self.keys.tenant_keys(name), key_id)
+        pipe.execute()
+        return True
+
+    def authenticate(self, token: str) -> str | None:
+        """The tenant a key belongs to, or None (unknown, revoked, or its tenant gone)."""
+        ref = self.redis.get(self.keys.api_key(key_hash(token)))
+        if ref is None:
+            return None
+        name, _, key_id = text(ref).partition(" ")
+        if not self.redis.hexists(self.keys.tenant_keys(name), key_id):
+            return None
+        return name

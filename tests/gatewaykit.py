@@ -1,0 +1,121 @@
+"""Plumbing for gateway tests: real `sandfarm gateway` processes on loopback, tenants with
+keys made through the real store, and a farm (tests.farmkit) behind them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from producer.protocol import FarmScripts, connect
+from producer.protocol.tenant_store import TenantStore
+from producer.protocol.tenants import Policy
+from tests.farmkit import SANDFARM, Farm, make_farm, wait_for  # noqa: F401
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Gateway:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+@dataclass
+class TenantFarm:
+    """A farm with gateways in front and a tenant store to make tenants in."""
+
+    farm: Farm
+    gateways: list[Gateway] = field(default_factory=list)
+
+    @property
+    def store(self) -> TenantStore:
+        settings = self.farm.settings
+        return TenantStore(connect(settings.redis_url), settings.keys)
+
+    def start_gateway(self) -> Gateway:
+        port = free_port()
+        log = self.farm.tmp / f"gateway-{port}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [SANDFARM, "gateway", "--port", str(port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.farm.env},
+                start_new_session=True,
+            )
+        gateway = Gateway(f"http://127.0.0.1:{port}", proc, log)
+        self.gateways.append(gateway)
+
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return httpx.get(f"{gateway.url}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 30, 0.1, "the gateway answers")
+        return gateway
+
+    def tenant(self, name: str, **policy: object) -> str:
+        """Make a tenant with ``policy``; returns a fresh API key of its."""
+        self.store.add(name, Policy.model_validate(policy))
+        token, _ = self.store.create_key(name)
+        return token
+
+    def remove(self, name: str) -> tuple[int, int]:
+        """Remove a tenant (its waiting jobs end cancelled): (cancelled, dispatched)."""
+        store = self.store
+        return store.remove(name, FarmScripts(store.redis, self.farm.settings))
+
+    def stop(self) -> None:
+        for gateway in self.gateways:
+            gateway.stop()
+        self.gateways.clear()
+
+
+def api(gateway: Gateway, key: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=gateway.url, headers=headers, timeout=90)
+
+
+def wait_final(client: httpx.Client, job_id: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = client.get(f"/v1/jobs/{job_id}", params={"wait": 10}).json()
+        if reply.get("status") not in ("queued", "running"):
+            return reply
+    raise AssertionError(f"{job_id} not final after {timeout}s")
+
+
+@pytest.fixture
+def tenant_farm(make_farm):  # noqa: F811
+    """Factory of farms with gateways; gateways stop before the farm's workers do."""
+    made: list[TenantFarm] = []
+
+    def make(**env: str) -> TenantFarm:
+        made.append(TenantFarm(make_farm(**env)))
+        return made[-1]
+
+    yield make
+    for tf in made:
+        tf.stop()
