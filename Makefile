@@ -47,6 +47,8 @@ bench: services
 	$(BIN)/python ops/bench/sandbox_overhead.py
 	$(BIN)/python ops/bench/docker_latency.py
 	$(BIN)/python ops/bench/farm_throughput.py
+	$(BIN)/python ops/bench/tenants.py
+	$(BIN)/python ops/bench/scale.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

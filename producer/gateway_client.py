@@ -174,24 +174,34 @@ class GatewayClient:
         timeout: float | None = None,
         *,
         notice: Callable[[str], None] | None = None,
+        rescan_s: float = 2.0,
     ) -> Iterator[JobResult]:
-        """Each job's result once, as it finishes; one long-poll per batch of results.
-        (``notice``: the farm's workers are not a tenant's to see; nothing is said.)"""
-        pending = list(dict.fromkeys(ids))
+        """Each job's result once, as it finishes (those already final first), as
+        FarmClient does: results announced on this client's completion list come back
+        a batch per long-poll, so N jobs cost O(N / 1000) requests; ids announced
+        elsewhere (another client, a resumed batch) are found by a rescan when the list
+        is idle. (``notice``: the farm's workers are not a tenant's to see.)"""
+        pending = set(ids)
         deadline = None if timeout is None else time.monotonic() + timeout
+        for result in self.results(list(pending)).values():
+            pending.discard(result.id or "")
+            yield result
+        last_rescan = time.monotonic()
         while pending:
             left = WAIT_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{len(pending)} jobs not finished after {timeout:g}s")
-            found: list[JobResult] = []
-            for start in range(0, len(pending), BATCH):
-                part = pending[start : start + BATCH]
-                wait = min(WAIT_S, left) if start == 0 else 0.0
-                reply = self._json("POST", "/v1/results", json={"ids": part, "wait": wait})
-                found += [JobResult.model_validate(r) for r in reply["results"]]
-            done = {r.id for r in found}
-            pending = [i for i in pending if i not in done]
-            yield from found
+            wait = round(max(0.01, min(WAIT_S, left)), 3)
+            reply = self._json("GET", "/v1/completions", params={"wait": wait})
+            found = [JobResult.model_validate(r) for r in reply["results"]]
+            found = [r for r in found if r.id in pending]
+            if not found and time.monotonic() - last_rescan >= rescan_s:
+                found = list(self.results(list(pending)).values())
+                last_rescan = time.monotonic()
+            for result in found:
+                if result.id in pending:
+                    pending.discard(result.id or "")
+                    yield result
 
     # --- control --------------------------------------------------------------------
 

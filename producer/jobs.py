@@ -96,10 +96,21 @@ class TenantJobs:
             return str(JobResult.model_validate_json(result).status.value)
         return "running" if running else "queued" if known else "unknown"
 
+    def known(self, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` the farm holds a record of for this tenant (one round trip)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.exists(self.keys.job(self.qid(job_id)), self.keys.result(self.qid(job_id)))
+        return {job_id for job_id, n in zip(ids, pipe.execute(), strict=True) if n}
+
     def done(self, done_key: str, wanted: set[str] | None, block_s: float, batch: int) -> list[str]:
         """Ids (among ``wanted``, unless None) announced on the completion list
-        ``done_key``, waiting up to ``block_s`` for the first announcement (one BLMPOP)."""
-        popped = self.redis.blmpop(block_s, 1, done_key, direction="LEFT", count=batch)
+        ``done_key``, waiting up to ``block_s`` for the first announcement (one BLMPOP;
+        no wait at all for ``block_s`` <= 0)."""
+        if block_s <= 0:
+            popped: Any = self.redis.lmpop(1, done_key, direction="LEFT", count=batch)
+        else:
+            popped = self.redis.blmpop(block_s, 1, done_key, direction="LEFT", count=batch)
         if not popped:
             return []
         prefix = f"{self.tenant}/"

@@ -223,6 +223,7 @@ class StepResult(_Strict):
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     truncated: bool = False
+    spawn_ms: float = 0.0  # starting the process (fork, exec of the wrapper)
     duration_ms: float = 0.0
     cpu_ms: float = 0.0
     max_rss_kb: int = 0
@@ -237,12 +238,27 @@ class CollectedFile(_Strict):
     truncated: bool = False
 
 
+class Phases(_Strict):
+    """Where a job's time went, in ms; None where a path does not measure it. The farm's
+    phases (dispatch, delivery, store) use the Redis host's clock against the worker's."""
+
+    dispatch_ms: float | None = Field(None, description="accepted -> moved to the Celery queue")
+    delivery_ms: float | None = Field(None, description="moved -> a worker began it")
+    slot_wait_ms: float | None = Field(None, description="waiting for a free sandbox slot")
+    setup_ms: float | None = Field(None, description="workspace, limits, seeded files")
+    steps_ms: float | None = Field(None, description="every step: spawn, run, cleanup")
+    collect_ms: float | None = Field(None, description="collecting files")
+    teardown_ms: float | None = Field(None, description="removing the sandbox")
+    store_ms: float | None = Field(None, description="finished -> stored in Redis")
+
+
 class Timings(_Strict):
     queued_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
     queue_wait_ms: float | None = None
     run_ms: float | None = None
+    phases: Phases = Field(default_factory=Phases)
 
 
 class ResourceUsage(_Strict):

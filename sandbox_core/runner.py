@@ -36,6 +36,7 @@ class ExecOutcome:
     flooded: bool = False
     cancelled: bool = False
     memory_exceeded: bool = False  # the kernel says the job hit its memory limit
+    spawn_ms: float = 0.0
     duration_ms: float = 0.0
     cpu_ms: float = 0.0
     max_rss_kb: int = 0
@@ -194,6 +195,7 @@ def run_captured(
         pass_fds=tuple(pass_fds),
     )
     assert proc.stdout is not None and proc.stderr is not None
+    out.spawn_ms = (time.monotonic() - started) * 1000
 
     def kill_all() -> None:
         kill_tree()
@@ -247,7 +249,7 @@ def run_captured(
         out.signal = os.WTERMSIG(status)
     else:
         out.exit_code = os.WEXITSTATUS(status)
-    out.duration_ms = (time.monotonic() - started) * 1000
+    out.duration_ms = (time.monotonic() - started) * 1000 - out.spawn_ms
     return out
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -79,30 +81,49 @@ def _final(job_id: str, status: Status, message: str, **extra: Any) -> JobResult
 
 
 class CancelWatch:
-    """Polls the job's cancel key and sets the event Backend.run watches."""
+    """One thread per process polls the cancel keys of the jobs it runs (one round trip
+    for all of them) and sets the event Backend.run watches: no thread to start per job."""
 
-    def __init__(self, key: str, every: float) -> None:
-        self.key = key
+    def __init__(self, every: float) -> None:
         self.every = every
-        self.event = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
+        self._watched: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watching(self, key: str) -> Iterator[threading.Event]:
+        event = threading.Event()
+        with self._lock:
+            self._watched[key] = event
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="cancel", daemon=True)
+                self._thread.start()
+        try:
+            yield event
+        finally:
+            with self._lock:
+                self._watched.pop(key, None)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        while True:
+            time.sleep(self.every)
+            with self._lock:
+                watched = list(self._watched.items())
+            if not watched:
+                continue
             try:
-                if client().exists(self.key):
-                    self.event.set()
-                    return
+                pipe = client().pipeline(transaction=False)
+                for key, _ in watched:
+                    pipe.exists(key)
+                flags = pipe.execute()
             except redis.RedisError:
                 continue
+            for (_, event), flag in zip(watched, flags, strict=True):
+                if flag:
+                    event.set()
 
-    def __enter__(self) -> threading.Event:
-        self._thread.start()
-        return self.event
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+_cancels = CancelWatch(settings.cancel_poll_s)
 
 
 def _meta_of(raw: object) -> MessageMeta | None:
@@ -145,7 +166,10 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
 
     # One atomic round trip (begin_attempt.lua): final already? else count, flag, list.
     running = RunningRecord(worker=hostname, pid=os.getpid(), slot=slot_index())
-    attempts, cancelled = scripts().begin_attempt(meta.qid, meta.tenant, running, _timeout_of(spec))
+    began = datetime.now(UTC)
+    attempts, cancelled, dispatched = scripts().begin_attempt(
+        meta.qid, meta.tenant, running, _timeout_of(spec)
+    )
     if attempts < 0:
         # Redelivered after a result was stored (lost ack), or cancelled while queued.
         return "already final"
@@ -175,7 +199,7 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
         return summary(_final(job_id, Status.ERROR, message, backend=name, **common), meta)
 
     try:
-        with CancelWatch(keys.cancel(meta.qid), settings.cancel_poll_s) as cancel:
+        with _cancels.watching(keys.cancel(meta.qid)) as cancel:
             result = backend.run(job, cancel=cancel, queued_at=queued_at)
     except SoftTimeLimitExceeded:
         message = "the farm's time limit passed before the sandbox ended the job"
@@ -183,6 +207,11 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
     result.id = job_id
     result.worker = hostname
     result.attempts = attempts
+    if dispatched is not None and attempts == 1:  # a redelivery's wait is not dispatch's
+        phases = result.timings.phases
+        if queued_at is not None:
+            phases.dispatch_ms = max(0.0, (dispatched - queued_at.timestamp()) * 1000)
+        phases.delivery_ms = max(0.0, (began.timestamp() - dispatched) * 1000)
     return summary(result, meta)
 
 

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import redis
+from breakdown import breakdown
 
 from producer.client import FarmClient
 from producer.protocol import Settings, get_settings
@@ -74,11 +75,13 @@ def sandbox_only(n: int, parallel: int) -> float:
     return time.perf_counter() - start
 
 
-def through_farm(client: FarmClient, specs: list[dict]) -> float:
+def through_farm(client: FarmClient, specs: list[dict], results: list | None = None) -> float:
     start = time.perf_counter()
     ids = client.submit_many(specs)
     bad = 0
     for result in client.as_completed(ids, timeout=600):
+        if results is not None:
+            results.append(result)
         if result.status != Status.SUCCEEDED:
             bad += 1
             if bad < 3:
@@ -87,6 +90,12 @@ def through_farm(client: FarmClient, specs: list[dict]) -> float:
     if bad:
         raise SystemExit(f"{bad} farm jobs did not succeed")
     return elapsed
+
+
+def redis_calls(client: redis.Redis) -> int:
+    """Commands Redis has run so far (all clients)."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values())
 
 
 def start_worker(env: dict[str, str], concurrency: int, log: Path) -> subprocess.Popen:
@@ -191,13 +200,17 @@ def main() -> None:
         bare(min(50, n), par)
         # Interleaved rounds, so load from elsewhere on the machine hits both alike.
         farm_s = bare_s = sandbox_s = 0.0
+        results: list = []
         per_round = -(-n // args.rounds)
         for start in range(0, n, per_round):
             part = command[start : start + per_round]
-            farm_s += through_farm(client, part)
+            farm_s += through_farm(client, part, results)
             bare_s += bare(len(part), par)
             if args.sandbox:
                 sandbox_s += sandbox_only(len(part), par)
+        calls = redis_calls(client.redis)
+        through_farm(client, command[: min(500, n)])
+        per_job = (redis_calls(client.redis) - calls) / min(500, n)
         farm_rate, bare_rate = n / farm_s, n / bare_s
         print(f"farm.jobs_per_s={farm_rate:.1f}  ({farm_s:.2f} s for {n})")
         print(f"bare.jobs_per_s={bare_rate:.1f}  ({bare_s:.2f} s for {n})")
@@ -207,6 +220,8 @@ def main() -> None:
             print(f"ratio.sandbox={sandbox_rate / bare_rate:.3f}")
             print(f"ratio.farm_vs_sandbox={farm_rate / sandbox_rate:.3f}")
         print(f"ratio.farm={farm_rate / bare_rate:.3f}")
+        print(breakdown(results, "farm"))
+        print(f"redis.commands_per_job={per_job:.1f}  (client, worker, events; INFO commandstats)")
         if args.code:
             code = [{"code": f"print({i})"} for i in range(n)]
             code_s = through_farm(client, code)

@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import time
 
+from breakdown import breakdown
+
 from sandbox_core import Status, get_backend, parse_spec
 from sandbox_core.defaults import SANDBOX_PATH
 
@@ -35,12 +37,14 @@ def time_bare(argv: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def time_backend(backend, spec) -> float:
+def time_backend(backend, spec, results: list | None = None) -> float:
     start = time.perf_counter()
     result = backend.run(spec)
     elapsed = time.perf_counter() - start
     if result.status != Status.SUCCEEDED:
         raise SystemExit(f"{backend.name}: job did not succeed: {result.model_dump_json()[:500]}")
+    if results is not None:
+        results.append(result)
     return elapsed
 
 
@@ -74,12 +78,13 @@ def main() -> None:
     for case, (argv, raw) in CASES.items():
         spec = parse_spec(raw)
         samples: dict[str, list[float]] = {"bare": []} | {b.name: [] for b in backends}
+        results: dict[str, list] = {b.name: [] for b in backends}
         for backend in backends:  # warm up: imports, slot locks, cgroup parents
             time_backend(backend, spec)
         for _ in range(args.n):
             samples["bare"].append(time_bare(argv))
             for backend in backends:
-                samples[backend.name].append(time_backend(backend, spec))
+                samples[backend.name].append(time_backend(backend, spec, results[backend.name]))
         bare = statistics.median(samples["bare"])
         for name, values in samples.items():
             ordered = sorted(values)
@@ -92,6 +97,7 @@ def main() -> None:
             suffix = "" if case == "python" else f"_{case}"
             ratio = statistics.median(samples[backend.name]) / bare
             print(f"ratio.{backend.name}{suffix}={ratio:.3f}")
+            print(breakdown(results[backend.name], f"{backend.name}{suffix}"))
     for backend in backends:
         print(f"rss_growth_mib.{backend.name}_1gib_flood={rss_growth_for_flood(backend):.1f}")
 

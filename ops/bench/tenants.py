@@ -35,15 +35,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from farm_throughput import cleanup, start_worker, stop_worker  # noqa: E402
+from farm_throughput import cleanup, start_worker, stop_worker
 
-from producer.client import FarmClient  # noqa: E402
-from producer.gateway_client import GatewayClient  # noqa: E402
-from producer.protocol import FarmScripts, connect, get_settings  # noqa: E402
-from producer.protocol.scripts import utc_day  # noqa: E402
-from producer.protocol.tenant_store import TenantStore  # noqa: E402
-from producer.protocol.tenants import Policy  # noqa: E402
-from sandbox_core import JobResult, Status  # noqa: E402
+from producer.client import FarmClient
+from producer.gateway_client import GatewayClient
+from producer.protocol import FarmScripts, connect, get_settings
+from producer.protocol.scripts import utc_day
+from producer.protocol.tenant_store import TenantStore
+from producer.protocol.tenants import Policy
+from sandbox_core import JobResult, Status
 
 QUICK = {"command": "true"}
 

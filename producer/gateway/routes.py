@@ -22,6 +22,7 @@ from producer.gateway.context import Caller, caller
 from producer.gateway.problems import ProblemError, problems
 from producer.gateway.schemas import (
     MAX_IDS_PER_REQUEST,
+    MAX_WAIT_S,
     Accepted,
     Cancelled,
     CancelRequest,
@@ -64,6 +65,7 @@ JOBS: dict[str, Any] = {
         "value": {"jobs": [{"id": "b-1", "code": "print(1)"}, {"id": "b-2", "command": "true"}]},
     }
 }
+COMPLETIONS_LINGER_S = 0.05
 CURSOR_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?~[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 
@@ -182,12 +184,38 @@ def get_results(body: ResultsRequest, who: Who) -> Results:
             time.sleep(min(left, 0.2))
             found = who.jobs.results(pending)
             pending = [i for i in pending if i not in found]
-        states = {i: who.jobs.state(i) for i in pending} if pending else {}
+        known = who.jobs.known(pending) if pending else set()
         return Results(
             results=list(found.values()),
-            pending=[i for i in pending if states[i] != "unknown"],
-            unknown=[i for i in pending if states[i] == "unknown"],
+            pending=[i for i in pending if i in known],
+            unknown=[i for i in pending if i not in known],
         )
+
+
+@router.get(
+    "/completions",
+    response_model=Results,
+    responses=problems(),
+    summary="The results announced on this client's completion list since it last asked",
+    description="Needs the Sandfarm-Client header (the list is the client's, named by it):"
+    " each result is handed out once; jobs submitted by another client are not announced"
+    " here (ask /v1/results for them).",
+)
+def completions(
+    who: Who,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
+    limit: Annotated[int, Query(ge=1, le=MAX_IDS_PER_REQUEST)] = MAX_IDS_PER_REQUEST,
+) -> Results:
+    if who.done_key is None:
+        detail = "send Sandfarm-Client: <your client's name> to have a completion list"
+        raise ProblemError(422, "invalid", "Invalid request", detail, field="Sandfarm-Client")
+    with _translated():
+        ids = who.jobs.done(who.done_key, None, wait, limit)
+        if ids and len(ids) < limit:  # a moment more: fewer, fuller replies under load
+            time.sleep(COMPLETIONS_LINGER_S)
+            ids += who.jobs.done(who.done_key, None, 0, limit - len(ids))
+        found = who.jobs.results(ids)
+    return Results(results=list(found.values()), pending=[], unknown=[])
 
 
 @router.get(

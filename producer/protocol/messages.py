@@ -1,14 +1,17 @@
-"""The Celery task message of a job, built without kombu: the exact JSON kombu's Redis
+"""The Celery task message of a job, built without kombu: the JSON kombu's Redis
 transport LPUSHes for Celery's task protocol 2 (celery 5.7 ``AMQP.as_task_v2`` and
 kombu's ``Channel._inplace_augment_message``). The farm builds it once at submission,
 keeps it with the job while it waits its turn, and a Lua script moves it into the
 Celery queue unchanged when the job is dispatched (tests/unit/test_messages.py compares
-it with what ``send_task`` writes, byte for byte).
+it with what ``send_task`` writes, field by field).
+
+Two differences, both for Redis memory (a waiting job's message is most of its cost):
+compact JSON, and the body as JSON text (``body_encoding`` utf-8, which kombu passes
+through unchanged) rather than base64 (a third larger).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
@@ -16,6 +19,7 @@ import uuid
 from functools import cache
 from typing import Any
 
+_COMPACT = (",", ":")
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
@@ -38,7 +42,7 @@ def task_message(
 
     Its delivery tag is fresh: two live messages must never share one (it keys kombu's
     unacked hash)."""
-    body = json.dumps([args, {}, _EMBED])
+    body = json.dumps([args, {}, _EMBED], separators=_COMPACT)
     headers: dict[str, Any] = {
         "lang": "py",
         "task": name,
@@ -61,7 +65,7 @@ def task_message(
         "stamps": {},
     }
     message = {
-        "body": base64.b64encode(body.encode()).decode(),
+        "body": body,
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": headers,
@@ -73,8 +77,8 @@ def task_message(
             # without a binding lookup (kombu drops it where a named exchange has none)
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0,
-            "body_encoding": "base64",
+            "body_encoding": "utf-8",
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    return json.dumps(message)
+    return json.dumps(message, separators=_COMPACT)

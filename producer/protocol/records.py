@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,7 +38,6 @@ class JobState(_Record):
     """``Keys.job``: taken (SET NX) when a job is submitted, so an id runs once; ``spec``
     is the content hash of what the id names (the same id for another spec is refused)."""
 
-    state: Literal["queued"] = "queued"
     at: datetime
     notify: str | None = None
     spec: str = ""

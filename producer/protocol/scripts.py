@@ -156,18 +156,20 @@ class FarmScripts:
                 queue,
                 margin,
                 expiry,
+                result.timings.finished_at.timestamp() if result.timings.finished_at else "",
             ],
         )
         return bool(stored)
 
     def begin_attempt(
         self, qid: str, tenant: str | None, running: RunningRecord, timeout_s: float
-    ) -> tuple[int, bool]:
-        """(attempt number, cancelled); attempt -1 when the job already has a result."""
+    ) -> tuple[int, bool, float | None]:
+        """(attempt number, cancelled, when dispatch moved it (epoch s) if known);
+        attempt -1 when the job already has a result."""
         keys = self.keys
         now = time.time()
         running_for = timeout_s + margins.RUNNING_MARGIN_S
-        attempts, cancelled = self._begin(
+        attempts, cancelled, dispatch_expiry = self._begin(
             keys=[
                 keys.result(qid),
                 keys.attempts(qid),
@@ -186,7 +188,10 @@ class FarmScripts:
                 now,
             ],
         )
-        return int(attempts), bool(cancelled)
+        expiry = _text(dispatch_expiry)
+        # dispatch set the expiry to its time + the visibility timeout (see lib_dispatch)
+        dispatched = float(expiry) - self.settings.visibility_timeout if expiry else None
+        return int(attempts), bool(cancelled), dispatched
 
 
 def _text(value: object) -> str:

@@ -46,6 +46,8 @@ class Protection:
 class Session(ABC):
     """One job's sandbox: a workspace plus a way to run processes in it."""
 
+    slot_wait_ms: float | None = None  # set by backends whose sessions wait for a slot
+
     @property
     def alive(self) -> bool:
         """False once the sandbox itself was killed (a container after a timeout or flood)."""
@@ -141,16 +143,23 @@ class Backend(ABC):
             labels=spec.labels,
             timings=Timings(queued_at=queued_at, started_at=started_at),
         )
+        phases = result.timings.phases
+        lap = Lap()
         try:
             self.check(spec)
             deadline = clock + spec.limits.timeout_s
             with self.open_session(spec) as session:
                 session.write_files({p: c.encode() for p, c in spec.files.items()})
+                phases.slot_wait_ms = session.slot_wait_ms
+                phases.setup_ms = lap() - (session.slot_wait_ms or 0.0)
                 self._run_steps(session, spec, deadline, cancel, result.steps)
+                phases.steps_ms = lap()
                 try:
                     result.files, result.files_omitted = session.collect(spec.collect)
                 except (SandfarmError, OSError) as exc:  # the steps' results still stand
                     result.message = f"collecting files failed: {exc}"
+                phases.collect_ms = lap()
+            phases.teardown_ms = lap()
             result.status = job_status(result.steps)
             result.message = result.message or status_message(result.steps, result.status)
         except (ProtectionUnavailableError, PolicyError) as exc:
@@ -230,11 +239,24 @@ class Backend(ABC):
             stdout_bytes=outcome.stdout.total,
             stderr_bytes=outcome.stderr.total,
             truncated=stdout.truncated or stderr.truncated,
+            spawn_ms=outcome.spawn_ms,
             duration_ms=outcome.duration_ms,
             message=message,
             cpu_ms=outcome.cpu_ms,
             max_rss_kb=outcome.max_rss_kb,
         )
+
+
+class Lap:
+    """Milliseconds since the last call (or since it was made)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        elapsed, self.last = (now - self.last) * 1000, now
+        return elapsed
 
 
 def _file_step(session: Session, step: WriteFileStep | ReadFileStep, limits: Limits) -> StepResult:

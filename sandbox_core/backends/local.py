@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -194,8 +195,11 @@ class LocalBackend(Backend):
 
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[LocalSession]:
+        asked = time.monotonic()
         with self.slots.borrow() as slot:
+            waited_ms = (time.monotonic() - asked) * 1000
             session = self.session_class(self, spec, slot)
+            session.slot_wait_ms = waited_ms
             try:
                 yield session
             finally:

@@ -177,6 +177,35 @@ def test_same_id_twice_runs_once(farm: Farm) -> None:
     shutil.rmtree(shared)
 
 
+def test_every_result_says_where_its_time_went(farm: Farm) -> None:
+    """Phase timings: the farm's (dispatch, delivery, store) and the sandbox's (slot,
+    setup, steps with spawn and run, collect, teardown), each measured, adding up."""
+    spec = {
+        "files": {"seed.txt": "x"},
+        "steps": [
+            {"kind": "bash", "command": "sleep 0.2; echo one > out.txt"},
+            {"kind": "python", "code": "print(open('out.txt').read())"},
+        ],
+        "collect": ["out.txt"],
+    }
+    with farm.client() as client:
+        job_id = client.submit(spec)
+        result = client.result(job_id, timeout=60)
+    assert result is not None and result.status == Status.SUCCEEDED, result
+    phases = result.timings.phases
+    measured = phases.model_dump()
+    assert all(v is not None and v >= 0 for v in measured.values()), measured
+    first, second = result.steps
+    assert first.duration_ms >= 200 and first.spawn_ms > 0 and second.spawn_ms > 0
+    assert phases.steps_ms >= first.spawn_ms + first.duration_ms + second.duration_ms
+    sandbox = phases.setup_ms + phases.steps_ms + phases.collect_ms + phases.teardown_ms
+    assert result.timings.run_ms is not None
+    assert sandbox <= result.timings.run_ms + 1 and sandbox >= 0.9 * result.timings.run_ms
+    assert phases.store_ms < 5000 and phases.delivery_ms < 30_000
+    wait = result.timings.queue_wait_ms
+    assert wait is not None and phases.dispatch_ms <= wait + 50  # one clock here
+
+
 def test_cancel_queued_and_running(farm: Farm) -> None:
     with farm.client() as client:
         running_id = client.submit({"command": "sleep 20", "limits": {"timeout_s": 60}})
@@ -200,10 +229,14 @@ def test_cancel_queued_and_running(farm: Farm) -> None:
         assert client.cancel(queued) is True
         result = next(client.as_completed([queued], timeout=5))
         assert result.status == Status.CANCELLED
-        assert client.redis.llen(client.settings.queue) == 1  # still queued, never run
+        # still waiting in its tenant's queue (nothing is dispatched with no worker)
+        pending = client.keys.pending(client.tenant)
+        assert client.redis.llen(pending) == 1
+        assert client.redis.llen(client.settings.queue) == 0
         worker = other.start_worker("late", 1)
         try:
-            wait_for(lambda: client.redis.llen(client.settings.queue) == 0, 20, what="drain")
+            wait_for(lambda: client.redis.llen(pending) == 0, 20, what="drain")
+            assert client.redis.llen(client.settings.queue) == 0  # dropped, never sent
             wait_for(lambda: client.status()["in_flight"] == 0, 10, what="idle")
             again = client.result(queued)
             assert again is not None and again.status == Status.CANCELLED

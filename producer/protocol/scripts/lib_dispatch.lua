@@ -43,7 +43,9 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
   local now = now_s()
   local active = prefix .. 'active'
   redis.call('ZREMRANGEBYSCORE', active, '-inf', now)
-  local room = slots_of(prefix, queue, now) + margin - redis.call('ZCARD', active)
+  local slots = slots_of(prefix, queue, now)
+  if slots == 0 then return 0 end  -- no worker online: a worker's reaper dispatches at start
+  local room = slots + margin - redis.call('ZCARD', active)
   local moved = 0
   while moved < max_moves and room > 0 do
     local best, best_v, best_w

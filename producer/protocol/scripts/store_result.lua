@@ -4,9 +4,18 @@
 -- KEYS: result, done list ('' for none), duplicates counter, in-flight zset, running flag
 -- ARGV: 1 result JSON, 2 ttl (s), 3 qid, 4 done-list cap, 5 prefix, 6 tenant ('' for
 -- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes, 12 Celery queue,
--- 13 margin, 14 active expiry (s). Returns 1 when stored, 0 for a duplicate.
+-- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown).
+-- Returns 1 when stored, 0 for a duplicate. The result's phases.store_ms (null when
+-- sent) becomes the time from finished to stored, by this host's clock: JSON strings
+-- escape their quotes, so the first '"store_ms":null' is that field.
 local qid, prefix, tenant = ARGV[3], ARGV[5], ARGV[6]
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+local payload = ARGV[1]
+if ARGV[15] ~= '' then
+  local t = redis.call('TIME')
+  local ms = (tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(ARGV[15])) * 1000
+  payload = string.gsub(payload, '"store_ms":null', string.format('"store_ms":%.3f', ms), 1)
+end
+if redis.call('SET', KEYS[1], payload, 'NX', 'EX', ARGV[2]) then
   if KEYS[2] ~= '' then
     redis.call('RPUSH', KEYS[2], qid)
     redis.call('LTRIM', KEYS[2], -tonumber(ARGV[4]), -1)

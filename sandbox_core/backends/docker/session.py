@@ -75,6 +75,7 @@ class DockerSession(Session):
             environment=env,
         )["Id"]
         raw = self.api.exec_start(exec_id, socket=True)._sock
+        out.spawn_ms = (time.monotonic() - started) * 1000
         # The container is killed after the stream is shut (see below), never from
         # inside the loop; leftovers of a step that exited are swept before the next.
         supervisor = Supervisor(
@@ -94,7 +95,7 @@ class DockerSession(Session):
             raw.close()
         if out.timed_out or out.flooded or out.cancelled:
             self.kill()
-        out.duration_ms = (time.monotonic() - started) * 1000
+        out.duration_ms = (time.monotonic() - started) * 1000 - out.spawn_ms
         info = None if self.dead else self._inspect(exec_id)
         code = info.get("ExitCode") if info else None
         status = self._kernel_status(info, started_ns)
