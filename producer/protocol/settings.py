@@ -115,6 +115,11 @@ class Settings(BaseSettings):
         description="local backends' sandfarm-exec: a path, `auto` (beside the interpreter,"
         " else on PATH) or empty (Python child setup, slower)",
     )
+    cgroup_favordynmods: bool = Field(
+        True,
+        description="local backends, as root: remount cgroup2 with `favordynmods`"
+        " (host-wide; ~8 ms less per step); false leaves the host's mount as it is",
+    )
     docker_image: str = Field(
         d.DOCKER_IMAGE, description="docker backend: default (and allowed) image"
     )
@@ -184,7 +189,11 @@ class Settings(BaseSettings):
                 warm_pool=self.docker_warm_pool,
             )
         return backend_config(
-            name, **common, workspace_dir=self.workspace_dir, exec_helper=self.exec_helper
+            name,
+            **common,
+            workspace_dir=self.workspace_dir,
+            exec_helper=self.exec_helper,
+            favor_dynmods=self.cgroup_favordynmods,
         )
 
     @classmethod
