@@ -15,7 +15,9 @@ import resource
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from breakdown import breakdown
 
@@ -29,6 +31,11 @@ CASES = {
     "python": ([PYTHON, "-c", "pass"], {"code": "pass"}),
     "true": (["/bin/true"], {"command": "/bin/true"}),
 }
+# A command step is a bash script: what the sandbox itself runs for "true", unsandboxed,
+# so the ratio against it shows the sandbox's own share (printed, not a target).
+SCRIPT = Path(tempfile.mkdtemp(prefix="sandfarm-bench-")) / "step.sh"
+SCRIPT.write_text("/bin/true")
+BASH_BASELINE = {"true": [shutil.which("bash") or "bash", "--noprofile", "--norc", str(SCRIPT)]}
 
 
 def time_bare(argv: list[str]) -> float:
@@ -78,11 +85,16 @@ def main() -> None:
     for case, (argv, raw) in CASES.items():
         spec = parse_spec(raw)
         samples: dict[str, list[float]] = {"bare": []} | {b.name: [] for b in backends}
+        shell = BASH_BASELINE.get(case)
+        if shell:
+            samples["bash"] = []
         results: dict[str, list] = {b.name: [] for b in backends}
         for backend in backends:  # warm up: imports, slot locks, cgroup parents
             time_backend(backend, spec)
         for _ in range(args.n):
             samples["bare"].append(time_bare(argv))
+            if shell:
+                samples["bash"].append(time_bare(shell))
             for backend in backends:
                 samples[backend.name].append(time_backend(backend, spec, results[backend.name]))
         bare = statistics.median(samples["bare"])
@@ -98,6 +110,11 @@ def main() -> None:
             ratio = statistics.median(samples[backend.name]) / bare
             print(f"ratio.{backend.name}{suffix}={ratio:.3f}")
             print(breakdown(results[backend.name], f"{backend.name}{suffix}"))
+            if shell:
+                ratio = statistics.median(samples[backend.name]) / statistics.median(
+                    samples["bash"]
+                )
+                print(f"ratio.{backend.name}{suffix}_vs_bash_script={ratio:.3f}")
     for backend in backends:
         print(f"rss_growth_mib.{backend.name}_1gib_flood={rss_growth_for_flood(backend):.1f}")
 
