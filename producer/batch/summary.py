@@ -21,6 +21,7 @@ STATUS_STYLES = {
     "memory_exceeded": "magenta",
     "output_flooded": "magenta",
     "crashed": "bold red",
+    "wrong_answer": "red",
     "rejected": "yellow",
     "error": "bold red",
     "cancelled": "dim",
