@@ -103,9 +103,12 @@ PROBE = r"""
     open(os.environ["HOME"] + "/probe.txt", "w").write(" ".join(out))
     return 0.0
 """
-CONTROL = r"""
+CONTROL = """
 import subprocess, sys
-child = "import os\ntry:\n    open(f'/proc/{os.getppid()}/environ', 'rb').read()\n    print('environ:opened')\nexcept OSError as e:\n    print('environ:' + type(e).__name__)"
+child = (
+    "import os\\ntry:\\n    open(f'/proc/{os.getppid()}/environ', 'rb').read()\\n"
+    "    print('environ:opened')\\nexcept OSError as e:\\n    print('environ:' + type(e).__name__)"
+)
 print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout)
 """
 
