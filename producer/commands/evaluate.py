@@ -111,6 +111,7 @@ def _run(
     from rich.console import Console
 
     from producer.batch import print_summary
+    from producer.eval.problems import read_samples
     from producer.eval.run import run_eval
 
     try:
@@ -119,6 +120,7 @@ def _run(
         fail(f"-k {ks!r}: give whole numbers separated by commas, e.g. 1,10,100")
     if not k_values or k_values[0] < 1:
         fail(f"-k {ks!r}: every k must be at least 1")
+    read_samples(samples, problems)  # bad lines: one error naming line and field, exit 2
     err = Console(stderr=True)
     client = job_client(redis_url, api)
     try:

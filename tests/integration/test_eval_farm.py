@@ -123,3 +123,42 @@ def test_eval_humaneval_matches_the_package(farm: Farm, tmp_path: Path):
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "resuming: 12 jobs" in again.stderr, again.stderr
     assert ast.literal_eval(again.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_batch_groups_and_pass_at_k_in_the_summary(farm: Farm, tmp_path: Path):
+    jobs = tmp_path / "jobs.jsonl"
+    lines = []
+    for task, outcomes in (("add", [0, 0, 1]), ("sub", [1, 1, 1]), ("mul", [0, 0, 0])):
+        for i, code in enumerate(outcomes):
+            lines.append({"command": f"exit {code}", "labels": {"task": task, "i": str(i)}})
+    lines.append({"command": "true"})  # no task label: its own group
+    jobs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out, summary = tmp_path / "results.jsonl", tmp_path / "summary.json"
+    argv = [SANDFARM, "batch", "run", str(jobs), "-o", str(out), "--group-by", "labels.task"]
+    env = {**os.environ, **farm.env, "COLUMNS": "120"}
+    proc = subprocess.run(
+        [*argv, "--summary-json", str(summary)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "by labels.task" in proc.stdout and "all 4 groups" in proc.stdout, proc.stdout
+    data = json.loads(summary.read_text())
+    assert data["statuses"] == {"succeeded": 6, "failed": 4}
+    rows = {row["group"]: row for row in data["groups"]["groups"]}
+    assert (rows["add"]["jobs"], rows["add"]["passed"]) == (3, 2)
+    assert rows["add"]["pass@1"] == pytest.approx(2 / 3)
+    assert rows["sub"]["passed"] == 0 and rows["(none)"]["jobs"] == 1
+    assert data["groups"]["pass_at_k"] == {"pass@1": pytest.approx((2 / 3 + 0 + 1 + 1) / 4)}
+    # resumed: the groups come back from RESULTS
+    again = subprocess.run(
+        [*argv, "--summary-json", str(summary)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and "resuming: 10 jobs" in again.stderr, again.stderr
+    assert json.loads(summary.read_text())["groups"] == data["groups"]
