@@ -162,3 +162,58 @@ def test_batch_groups_and_pass_at_k_in_the_summary(farm: Farm, tmp_path: Path):
     )
     assert again.returncode == 0 and "resuming: 10 jobs" in again.stderr, again.stderr
     assert json.loads(summary.read_text())["groups"] == data["groups"]
+
+
+# --- sandfarm report, rendered in a real headless Chromium ----------------------------
+
+EVIL = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
+
+
+def test_report_renders_in_chromium_and_escapes_job_text(farm: Farm, tmp_path: Path):
+    import shutil
+
+    from tests.conftest import require
+    from tests.integration.test_flower_statuses import ARTIFACTS, chromium
+
+    require(shutil.which("chromium") is not None, "Debian's chromium is not installed")
+    jobs = tmp_path / "jobs.jsonl"
+    specs = [{"code": f"print({i})", "labels": {"task": f"t{i % 3}"}} for i in range(6)]
+    specs += [
+        {"code": f"import sys; print({EVIL!r}); sys.exit({EVIL!r})", "labels": {"task": EVIL}},
+        {"command": "echo 1", "labels": {"task": "t0"}, "backend": "process"},
+        {"code": "while True: pass", "limits": {"timeout_s": 1}, "labels": {"task": "t1"}},
+    ]
+    jobs.write_text("".join(json.dumps(s) + "\n" for s in specs))
+    results, page = tmp_path / "results.jsonl", tmp_path / "report.html"
+    env = {**os.environ, **farm.env}
+    run = subprocess.run(
+        [SANDFARM, "batch", "run", str(jobs), "-o", str(results)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert run.returncode == 0, run.stderr
+    made = subprocess.run(
+        [SANDFARM, "report", str(results), "-o", str(page)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert made.returncode == 0 and "9 jobs" in made.stdout, made.stderr
+    html = page.read_text()
+    assert "<script" not in html and 'onerror="' not in html  # the job's text, escaped
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;" in html  # ... and shown
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "eval-report.png"
+    shot.unlink(missing_ok=True)
+    budget = ["--virtual-time-budget=5000", "--window-size=1200,2400"]
+    taken = chromium(*budget, f"--screenshot={shot}", page.as_uri())
+    assert shot.exists() and shot.stat().st_size > 30_000, taken.stderr[-2000:]
+    dom = chromium(*budget, "--dump-dom", page.as_uri()).stdout
+    assert "<title>sandfarm report: results.jsonl</title>" in dom, dom[:500]  # not pwned
+    for plot in ("status_mix", "run_time", "queue_wait", "phases", "pass_at_k"):
+        start = dom.index(f'data-plot="{plot}"')
+        assert "<svg" in dom[start : start + 400], plot
+    assert "failed" in dom and "timed_out" in dom and "t1" in dom
