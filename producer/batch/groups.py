@@ -30,11 +30,12 @@ class Groups:
     ks: Sequence[int] = DEFAULT_KS
     counts: dict[str, list[int]] = field(default_factory=dict)  # group -> [jobs, passed]
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: dict[str, Any], passed: bool | None = None) -> None:
+        """Count ``record``; it passed if it succeeded, unless ``passed`` says (eval)."""
         group = str((record.get("labels") or {}).get(self.label) or NO_GROUP)
         row = self.counts.setdefault(group, [0, 0])
         row[0] += 1
-        row[1] += record.get("status") == "succeeded"
+        row[1] += record.get("status") == "succeeded" if passed is None else passed
 
     def pass_at_k(self) -> dict[str, float]:
         rows = list(self.counts.values())

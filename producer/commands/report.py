@@ -33,7 +33,8 @@ def register(group: click.Group) -> None:
 def report(results: Path, output: Path, group_by: str) -> None:
     """Write RESULTS (JobResults, one per line: `batch run -o`, `eval`'s SAMPLES_farm.jsonl)
     as one HTML page: status mix, run-time and queue-wait histograms by backend, where the
-    time goes, pass@k per task group, the slowest and the failing jobs."""
+    time goes, pass@k per task group, the slowest and the failing jobs. For an eval run's
+    SAMPLES_farm.jsonl (its SAMPLES_farm.key beside it) passing is the harness's verdict."""
     from producer.batch.groups import label_of
     from producer.report import load, render
     from sandbox_core import SpecError
@@ -42,7 +43,9 @@ def report(results: Path, output: Path, group_by: str) -> None:
         label = label_of(group_by)
     except SpecError as exc:
         fail(str(exc))
-    data = load(results, label)
+    from producer.eval.run import verdicts_for
+
+    data = load(results, label, verdicts_for(results))
     if not data.jobs:
         fail(f"{results}: no job results in it (one JobResult JSON per line)")
     output.write_text(render(data), encoding="utf-8")

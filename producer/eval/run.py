@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,17 @@ class EvalReport:
     verdicts: Counter[str] = field(default_factory=Counter)  # passed / timed out / failed
     tasks: int = 0
     samples: int = 0
+
+
+def verdicts_for(farm_results: Path) -> Callable[[dict[str, Any]], str] | None:
+    """The verdict of each job of an eval run's SAMPLES_farm.jsonl (its key beside it),
+    or None when ``farm_results`` is not one."""
+    name = str(farm_results)
+    key = Path(name.removesuffix(".jsonl") + ".key")
+    if not name.endswith("_farm.jsonl") or not key.exists():
+        return None
+    keys = Keyring.at(key)
+    return lambda record: verdict(record, keys)
 
 
 def run_eval(

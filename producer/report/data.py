@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class ReportData:
     failing: list[JobRow] = field(default_factory=list)
     failing_total: int = 0
     invalid: int = 0
+    verdicts: Counter[str] = field(default_factory=Counter)  # eval runs: passed / failed / ...
 
     @property
     def jobs(self) -> int:
@@ -60,7 +62,14 @@ def _row(record: dict[str, Any], backend: str, run_ms: float) -> JobRow:
     return JobRow(str(record.get("id"))[:MAX_LINE], status, backend, run_ms, _detail(record))
 
 
-def load(path: Path, group_label: str | None = "task") -> ReportData:
+Verdict = Callable[[dict[str, Any]], str]  # an eval run's verdict of one JobResult
+
+
+def load(
+    path: Path, group_label: str | None = "task", verdict: Verdict | None = None
+) -> ReportData:
+    """``verdict``: for an eval run, what passing means (its harness's verdict, not the
+    job's exit): groups count it, and the failing jobs are those not ``passed``."""
     data = ReportData(path.name, groups=Groups(group_label) if group_label else None)
     for index, record in enumerate(read_results(path)):
         if "status" not in record:
@@ -80,14 +89,21 @@ def load(path: Path, group_label: str | None = "task") -> ReportData:
             values = data.phases.setdefault(phase.removesuffix("_ms"), [])
             if isinstance(value, int | float) and len(values) < MAX_TIMES:
                 values.append(float(value))
+        row = _row(record, backend, run_ms)
+        passed = None
+        if verdict is not None:
+            said = verdict(record)
+            passed = said == "passed"
+            data.verdicts[said.split(":", 1)[0]] += 1
+            row.detail = "\n".join(part for part in (said[:MAX_LINE], row.detail) if part)
         if data.groups is not None:
-            data.groups.add(record)
-        entry = (run_ms, -index, _row(record, backend, run_ms))
+            data.groups.add(record, passed)
+        entry = (run_ms, -index, row)
         if len(data.slowest) < TOP:
             heapq.heappush(data.slowest, entry)
         elif entry[:2] > data.slowest[0][:2]:
             heapq.heapreplace(data.slowest, entry)
-        if status != "succeeded":
+        if (status != "succeeded") if passed is None else not passed:
             data.failing_total += 1
             if len(data.failing) < TOP:
                 data.failing.append(entry[2])

@@ -74,6 +74,10 @@ def render(data: ReportData) -> str:
         if data.failing_total > len(data.failing)
         else ""
     )
+    verdicts = ""
+    if data.verdicts:
+        said = ", ".join(f"{_e(k)} {v}" for k, v in data.verdicts.most_common())
+        verdicts = f" Eval verdicts (the harness's, not the exit code): {said}."
     made = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -81,7 +85,7 @@ def render(data: ReportData) -> str:
 <title>sandfarm report: {_e(data.source)}</title><style>{STYLE}</style></head>
 <body>
 <h1>sandfarm report: {_e(data.source)}</h1>
-<p>{data.jobs} jobs{invalid}: {statuses or "none"}. Made {made}.</p>
+<p>{data.jobs} jobs{invalid}: {statuses or "none"}.{verdicts} Made {made}.</p>
 <h2>Status mix</h2>
 <div class="plots">{_plot(plots.status_mix(data), "status_mix")}</div>
 <h2>Time by backend</h2>

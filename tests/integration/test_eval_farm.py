@@ -123,6 +123,22 @@ def test_eval_humaneval_matches_the_package(farm: Farm, tmp_path: Path):
     again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "resuming: 12 jobs" in again.stderr, again.stderr
     assert ast.literal_eval(again.stdout.strip().splitlines()[-1]) == expected
+    # the report of the run counts the harness's verdicts, not the jobs' exit codes
+    page = tmp_path / "report.html"
+    made = subprocess.run(
+        [SANDFARM, "report", f"{ours}_farm.jsonl", "-o", str(page)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    html = page.read_text()
+    assert f"pass@1 = {expected['pass@1']:.4f}" in html
+    assert (
+        "Eval verdicts (the harness's, not the exit code): failed 6, passed 4, timed out 2"
+        in html
+    )
 
 
 def test_batch_groups_and_pass_at_k_in_the_summary(farm: Farm, tmp_path: Path):
