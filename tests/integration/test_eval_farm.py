@@ -136,8 +136,7 @@ def test_eval_humaneval_matches_the_package(farm: Farm, tmp_path: Path):
     html = page.read_text()
     assert f"pass@1 = {expected['pass@1']:.4f}" in html
     assert (
-        "Eval verdicts (the harness's, not the exit code): failed 6, passed 4, timed out 2"
-        in html
+        "Eval verdicts (the harness's, not the exit code): failed 6, passed 4, timed out 2" in html
     )
 
 
