@@ -232,3 +232,43 @@ def test_report_renders_in_chromium_and_escapes_job_text(farm: Farm, tmp_path: P
         start = dom.index(f'data-plot="{plot}"')
         assert "<svg" in dom[start : start + 400], plot
     assert "failed" in dom and "timed_out" in dom and "t1" in dom
+
+
+def test_eval_run_takes_an_mbpp_style_problems_file(farm: Farm, tmp_path: Path):
+    problems = tmp_path / "mbpp.jsonl"
+    rows = [
+        {
+            "task_id": 11,
+            "prompt": "",
+            "test_setup_code": "",
+            "test_list": [
+                "assert remove_occ('hello', 'l') == 'heo'",
+                "assert remove_occ('abcda', 'a') == 'bcd'",
+            ],
+        },
+        {
+            "task_id": "sq",
+            "prompt": "def square(x):\n",
+            "entry_point": "square",
+            "test": "def check(candidate):\n    assert candidate(3) == 9\n",
+        },
+    ]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    right = "def remove_occ(s, ch):\n    return s.replace(ch, '')\n"
+    samples = tmp_path / "samples.jsonl"
+    lines = [
+        {"task_id": 11, "completion": right},
+        {"task_id": 11, "completion": "def remove_occ(s, ch):\n    raise SystemExit(0)\n"},
+        {"task_id": "sq", "completion": "    return x * x\n"},
+        {"task_id": "sq", "completion": "    return x + x\n"},
+    ]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    argv = [SANDFARM, "eval", "run", "--problems", str(problems), str(samples), "-k", "1,2"]
+    proc = subprocess.run(
+        argv, env={**os.environ, **farm.env}, capture_output=True, text=True, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == {"pass@1": 0.5, "pass@2": 1.0}
+    results = [json.loads(x) for x in Path(f"{samples}_results.jsonl").read_text().splitlines()]
+    assert [r["passed"] for r in results] == [True, False, True, False]
+    assert results[1]["result"] == "failed: 0" and results[0]["task_id"] == 11
