@@ -303,5 +303,5 @@ def test_eval_through_the_gateway_as_a_tenant(farm: Farm, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == {"pass@1": 0.5}
     results = [json.loads(x) for x in Path(f"{samples}_results.jsonl").read_text().splitlines()]
-    assert [r["result"] for r in results][0] == "passed"
+    assert results[0]["result"] == "passed"
     assert results[1]["result"].startswith("failed: the solution's process ended")
