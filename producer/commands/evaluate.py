@@ -145,6 +145,8 @@ def _run(
         if close is not None:
             close()
     print_summary(report.batch, err)
+    if report.batch.interrupted:  # the submitted jobs keep running; a rerun collects them
+        fail(f"interrupted: results so far are in {report.paths.farm}; rerun to resume", 130)
     if report.batch.invalid:
         fail(f"{report.batch.invalid} samples could not be submitted (see above)", 1)
     if not report.batch.completed:
