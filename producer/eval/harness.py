@@ -84,6 +84,22 @@ class CandidateError(Exception):
     """The solution raised (its message), or answered with something not a literal."""
 
 
+def raised(reply: dict) -> CandidateError:
+    """The solution's exception as the tests can catch it: a CandidateError that is also
+    the builtin exception class it named (ValueError, ...), never BaseException's others."""
+    import builtins
+
+    message = str(reply.get("error", ""))
+    base = getattr(builtins, str(reply.get("type")), None)
+    if isinstance(base, type) and issubclass(base, Exception):
+        try:
+            combined: type[CandidateError] = type(base.__name__, (CandidateError, base), {})
+            return combined(message)
+        except TypeError:  # a class that cannot be combined or built from one message
+            pass
+    return CandidateError(message)
+
+
 def literal(text: str) -> object:
     """A Python literal from the child's ``repr``: data only (inf and nan included)."""
     tree = ast.parse(text, mode="eval")
@@ -121,7 +137,7 @@ class Child:
         self.send({"source": source, "entry_point": entry_point})
         reply = self.recv()
         if not reply.get("ok"):
-            raise CandidateError(str(reply.get("error", "")))
+            raise raised(reply)
 
     def send(self, obj: object) -> None:
         data = json.dumps(obj).encode()
@@ -172,7 +188,7 @@ class Child:
         self.send({"args": repr(args), "kwargs": repr(kwargs)})
         reply = self.recv()
         if not reply.get("ok"):
-            raise CandidateError(str(reply.get("error", "")))
+            raise raised(reply)
         try:
             return literal(str(reply.get("value")))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):

@@ -252,6 +252,13 @@ def test_eval_run_takes_an_mbpp_style_problems_file(farm: Farm, tmp_path: Path):
             "entry_point": "square",
             "test": "def check(candidate):\n    assert candidate(3) == 9\n",
         },
+        {  # the solution's exception reaches the tests as the class it raised
+            "task_id": "neg",
+            "prompt": "def root(x):\n",
+            "entry_point": "root",
+            "test": "def check(candidate):\n    try:\n        candidate(-1)\n"
+            "    except ValueError:\n        return\n    assert False\n",
+        },
     ]
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
     right = "def remove_occ(s, ch):\n    return s.replace(ch, '')\n"
@@ -261,6 +268,8 @@ def test_eval_run_takes_an_mbpp_style_problems_file(farm: Farm, tmp_path: Path):
         {"task_id": 11, "completion": "def remove_occ(s, ch):\n    raise SystemExit(0)\n"},
         {"task_id": "sq", "completion": "    return x * x\n"},
         {"task_id": "sq", "completion": "    return x + x\n"},
+        {"task_id": "neg", "completion": "    raise ValueError('negative')\n"},
+        {"task_id": "neg", "completion": "    raise TypeError('negative')\n"},
     ]
     samples.write_text("".join(json.dumps(r) + "\n" for r in lines))
     argv = [SANDFARM, "eval", "run", "--problems", str(problems), str(samples), "-k", "1,2"]
@@ -270,7 +279,7 @@ def test_eval_run_takes_an_mbpp_style_problems_file(farm: Farm, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert ast.literal_eval(proc.stdout.strip().splitlines()[-1]) == {"pass@1": 0.5, "pass@2": 1.0}
     results = [json.loads(x) for x in Path(f"{samples}_results.jsonl").read_text().splitlines()]
-    assert [r["passed"] for r in results] == [True, False, True, False]
+    assert [r["passed"] for r in results] == [True, False, True, False, True, False]
     assert results[1]["result"] == "failed: 0" and results[0]["task_id"] == 11
 
 
