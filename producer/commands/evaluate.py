@@ -54,7 +54,14 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.FloatRange(min=0, min_open=True),
                 help="stop waiting after S seconds (exit 1; rerun to resume)",
             ),
-            click.option("--chunk", type=click.IntRange(1, 100_000), default=500),
+            click.option(
+                "--chunk",
+                type=click.IntRange(1, 100_000),
+                default=100,
+                show_default=True,
+                help="samples per submit; 20 chunks in flight (each job carries the"
+                " ~10 KB harness and its problem: the window bounds Redis memory)",
+            ),
             click.option("--progress/--no-progress", default=None, help="progress bar on stderr"),
         ]
     ):

@@ -70,7 +70,7 @@ def run_eval(
     backend: str | None = None,
     memory_mb: int | None = None,
     wait_timeout: float | None = None,
-    chunk: int = 500,
+    chunk: int = 100,
     stderr: Console | None = None,
     progress: bool = True,
 ) -> EvalReport:
