@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from producer.eval.problems import Problem, Sample
+from sandbox_core import SpecError
 
 HARNESS = files("producer.eval").joinpath("harness.py").read_text(encoding="utf-8")
 HARNESS_VERSION = hashlib.sha256(HARNESS.encode()).hexdigest()[:12]
@@ -34,7 +35,16 @@ class Keyring:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            return cls(bytes.fromhex(path.read_text().strip()))
+            try:
+                key = bytes.fromhex(path.read_text().strip())
+            except (OSError, ValueError) as exc:
+                reason = getattr(exc, "strerror", None) or "not the hex key sandfarm wrote"
+                raise SpecError(
+                    str(path), f"{reason} (delete it to start the run afresh)"
+                ) from None
+            if len(key) < 16:
+                raise SpecError(str(path), "too short a key (delete it to start afresh)") from None
+            return cls(key)
         key = secrets.token_bytes(32)
         with os.fdopen(fd, "w") as fh:
             fh.write(key.hex() + "\n")

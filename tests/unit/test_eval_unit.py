@@ -140,3 +140,9 @@ def test_cli_bad_samples_are_one_line_exit_2(tmp_path: Path):
     )
     result = CliRunner().invoke(main, ["eval", "humaneval", str(bad), "-k", "0"])
     assert result.exit_code == 2 and "-k '0': every k must be at least 1" in result.output
+
+
+def test_a_damaged_key_file_is_one_error(tmp_path: Path):
+    (tmp_path / "key").write_text("not hex\n")
+    with pytest.raises(SpecError, match="delete it to start the run afresh"):
+        Keyring.at(tmp_path / "key")
