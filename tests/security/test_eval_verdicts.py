@@ -100,6 +100,9 @@ PROBE = r"""
     libc = ctypes.CDLL(None, use_errno=True)
     attached = libc.ptrace(16, ppid, None, None) == 0  # PTRACE_ATTACH
     out.append(f"ptrace:{'attached' if attached else ctypes.get_errno()}")
+    pidfd = libc.syscall(434, ppid, 0)  # pidfd_open, then pidfd_getfd of its stdout
+    stolen = libc.syscall(438, pidfd, 1, 0) if pidfd >= 0 else -1
+    out.append(f"getfd:{'attached' if stolen >= 0 else ctypes.get_errno()}")
     open(os.environ["HOME"] + "/probe.txt", "w").write(" ".join(out))
     return 0.0
 """
