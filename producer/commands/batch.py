@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, BinaryIO
 
 import click
 
-from producer.commands.common import fail, job_client
+from producer.commands.common import closing_client, fail, job_client
 from sandbox_core import BACKEND_NAMES, SpecError, parse_spec
 
 if TYPE_CHECKING:
@@ -188,8 +188,7 @@ def run(
         so_far = "went to stdout" if to_stdout else f"are in {output}"
         hint = _resume_hint(to_stdout, stdin_count > 0)
         try:
-            client = job_client(redis_url, api)
-            try:
+            with closing_client(job_client(redis_url, api)) as client:
                 report = run_batch(
                     inputs,
                     sys.stdout if to_stdout else output,
@@ -209,10 +208,6 @@ def run(
                 print_summary(report, summary_console, missing_hint=short)
                 if report.interrupted:
                     _interrupted(report, client, cancel_on_interrupt, so_far, hint, err)
-            finally:
-                close = getattr(client, "close", None)
-                if close is not None:
-                    close()
         except KeyboardInterrupt:  # before anything was submitted (or while closing)
             err.print(f"interrupted: results so far {so_far}", markup=False)
             sys.exit(130)

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from producer.commands.common import fail, job_client
-from sandbox_core import BACKEND_NAMES
+from producer.commands.common import closing_client, fail, job_client
+from sandbox_core import BACKEND_NAMES, SandfarmError
 
 _SAMPLES = click.Path(exists=True, dir_okay=False, readable=True, path_type=Path)
 
@@ -129,28 +129,28 @@ def _run(
         fail(f"-k {ks!r}: every k must be at least 1")
     read_samples(samples, problems)  # bad lines: one error naming line and field, exit 2
     err = Console(stderr=True)
-    client = job_client(redis_url, api)
-    try:
-        report = run_eval(
-            samples,
-            problems,
-            client,
-            suite=suite,
-            timeout=timeout,
-            ks=k_values,
-            backend=backend,
-            memory_mb=memory_mb,
-            wait_timeout=wait_timeout,
-            chunk=chunk,
-            stderr=err,
-            progress=err.is_terminal if progress is None else progress,
-        )
-    except KeyboardInterrupt:
-        fail(f"interrupted: results so far are in {samples}_farm.jsonl; rerun to resume", 130)
-    finally:
-        close = getattr(client, "close", None)
-        if close is not None:
-            close()
+    with closing_client(job_client(redis_url, api)) as client:
+        try:
+            report = run_eval(
+                samples,
+                problems,
+                client,
+                suite=suite,
+                timeout=timeout,
+                ks=k_values,
+                backend=backend,
+                memory_mb=memory_mb,
+                wait_timeout=wait_timeout,
+                chunk=chunk,
+                stderr=err,
+                progress=err.is_terminal if progress is None else progress,
+            )
+        except KeyboardInterrupt:
+            fail(f"interrupted: results so far are in {samples}_farm.jsonl; rerun to resume", 130)
+        except SandfarmError:  # bad input (a damaged key file) or a farm error: one line
+            raise
+        except Exception as exc:  # the farm (Redis, the gateway) failed: one line, exit 1
+            fail(f"eval failed: {type(exc).__name__}: {exc}", 1)
     print_summary(report.batch, err)
     if report.batch.interrupted:  # the submitted jobs keep running; a rerun collects them
         fail(f"interrupted: results so far are in {report.paths.farm}; rerun to resume", 130)
