@@ -51,6 +51,7 @@ bench: services
 	$(BIN)/python ops/bench/farm_throughput.py
 	$(BIN)/python ops/bench/tenants.py
 	$(BIN)/python ops/bench/scale.py
+	$(BIN)/python ops/bench/humaneval.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from producer.commands import batch, farm, jobs, local, tenants
+from producer.commands import batch, evaluate, farm, jobs, local, report, tenants
 from producer.commands.common import fail
 from producer.protocol.errors import FarmError, IdConflictError
 from sandbox_core.errors import SandfarmError
@@ -36,6 +36,8 @@ farm.register(main)
 jobs.register(main)
 tenants.register(main)
 batch.register(main)
+evaluate.register(main)
+report.register(main)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ class Status(StrEnum):
     MEMORY_EXCEEDED = "memory_exceeded"  # memory limit reached (OOM kill or allocation failure)
     OUTPUT_FLOODED = "output_flooded"  # a step wrote more than flood_kill_bytes and was killed
     CRASHED = "crashed"  # killed by a signal it did not ask for
+    WRONG_ANSWER = "wrong_answer"  # every step exited 0, but a step's stdout was not expected
     REJECTED = "rejected"  # the spec broke a policy or limit; nothing ran
     ERROR = "error"  # the farm failed (after retries)
     CANCELLED = "cancelled"  # cancelled by the client
@@ -49,6 +50,7 @@ class StepStatus(StrEnum):
     MEMORY_EXCEEDED = "memory_exceeded"
     OUTPUT_FLOODED = "output_flooded"
     CRASHED = "crashed"
+    WRONG_ANSWER = "wrong_answer"  # exited 0, but its stdout differs from expected_stdout
     CANCELLED = "cancelled"
     SKIPPED = "skipped"  # not run: stop_on_error after a failure, or the deadline passed
 
@@ -99,16 +101,36 @@ class _Step(_Strict):
     )
 
 
-class BashStep(_Step):
+Compare = Literal["exact", "whitespace"]
+
+
+class _ExecStep(_Step):
+    stdin: Stdin = None
+    expected_stdout: Source | None = Field(
+        None,
+        description="the stdout this step must print; a step that exits 0 with other"
+        " output is wrong_answer (at most limits.output_bytes)",
+    )
+    compare: Compare = Field(
+        "exact",
+        description="exact: byte for byte; whitespace: the same words, however spaced",
+    )
+
+    @model_validator(mode="after")
+    def _compare_needs_expected(self) -> _ExecStep:
+        if self.compare != "exact" and self.expected_stdout is None:
+            raise SpecError("compare", "only applies with expected_stdout")
+        return self
+
+
+class BashStep(_ExecStep):
     kind: Literal["bash"] = "bash"
     command: Source = Field(min_length=1)
-    stdin: Stdin = None
 
 
-class PythonStep(_Step):
+class PythonStep(_ExecStep):
     kind: Literal["python"] = "python"
     code: Source = Field(min_length=1)
-    stdin: Stdin = None
 
 
 class WriteFileStep(_Step):
@@ -192,6 +214,14 @@ class JobSpec(_Strict):
         for key, value in self.labels.items():
             if len(key.encode()) > d.MAX_LABEL_BYTES or len(value.encode()) > d.MAX_LABEL_BYTES:
                 raise SpecError(f"labels.{key}", f"key and value are at most {d.MAX_LABEL_BYTES} B")
+        for index, step in enumerate(self.steps):
+            expected = getattr(step, "expected_stdout", None)
+            if expected is not None and len(expected.encode()) > self.limits.output_bytes:
+                raise SpecError(
+                    f"steps.{index}.expected_stdout",
+                    f"is {len(expected.encode())} bytes, more than limits.output_bytes"
+                    f" ({self.limits.output_bytes}): the output kept could never match it",
+                )
         worst = len(self.steps) * 2 * self.limits.output_bytes + d.COLLECT_MAX_TOTAL_BYTES
         if worst > d.MAX_RESULT_BYTES:
             raise SpecError(

@@ -30,6 +30,7 @@ SHORT_NAMES = {
     "memory_exceeded": "oom",
     "output_flooded": "flood",
     "crashed": "crash",
+    "wrong_answer": "wa",
     "rejected": "rej",
     "error": "err",
     "cancelled": "canc",

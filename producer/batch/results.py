@@ -33,7 +33,8 @@ def read_results(path: Path) -> Iterator[dict[str, Any]]:
                 yield record
 
 
-def load_previous(path: Path) -> Previous:
+def load_previous(path: Path, labels: tuple[str, ...] = (EXPECT_LABEL,)) -> Previous:
+    """What RESULTS holds; of each result's labels only ``labels`` are kept (memory)."""
     prev = Previous()
     for record in read_results(path):
         if isinstance(record.get("id"), str) and "status" in record:
@@ -42,7 +43,7 @@ def load_previous(path: Path) -> Previous:
                 "id": record["id"],
                 "status": record["status"],
                 "timings": {k: timings.get(k) for k in ("run_ms", "queue_wait_ms")},
-                "labels": {EXPECT_LABEL: (record.get("labels") or {}).get(EXPECT_LABEL)},
+                "labels": {name: (record.get("labels") or {}).get(name) for name in labels},
             }
         elif "error" in record and isinstance(record.get("line"), int):
             prev.errors.add((str(record.get("file", "")), record["line"]))

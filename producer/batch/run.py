@@ -16,10 +16,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from producer.batch import ledger
+from producer.batch.groups import Groups
 from producer.batch.lines import Defaults, LineError, iter_lines, parse, parse_line
 from producer.batch.progress import BatchProgress
 from producer.batch.results import Previous, ResultsWriter, load_previous
-from producer.batch.summary import Summary
+from producer.batch.summary import EXPECT_LABEL, Summary
 from producer.protocol import IdConflictError, InputChangedError
 from sandbox_core import JobResult, JobSpec, SpecError
 
@@ -104,10 +105,11 @@ class _Run:
         id_prefix: str | None,
         defaults: Defaults | None,
         recorded: ledger.Recorded | None,
+        groups: Groups | None = None,
     ) -> None:
         self.inputs, self.out, self.prev, self.client, self.err = inputs, out, prev, client, err
         self.id_prefix, self.defaults, self.recorded = id_prefix, defaults, recorded
-        self.summary = Summary()
+        self.summary = Summary(groups=groups)
         self.report = BatchReport(summary=self.summary)
         self.began = datetime.now(UTC)  # results that started before this are not new
         self.pending: list[_Pending] = []
@@ -276,6 +278,7 @@ def run_batch(
     stderr: Console | None = None,
     progress: bool = True,
     recorded: ledger.Recorded | None = None,
+    groups: Groups | None = None,
 ) -> BatchReport:
     """Run every valid line of ``inputs`` through ``client``; append results to ``output``.
 
@@ -286,7 +289,8 @@ def run_batch(
     then are counted as missing, and a rerun resumes them. ``defaults`` fill in what lines
     leave unset. ``recorded`` looks up the spec hashes the farm holds (default: the
     client's own, for a FarmClient), so a resumed line whose own id now names another spec
-    is refused instead of resumed. Ctrl-C ends the run with ``report.interrupted`` set.
+    is refused instead of resumed. ``groups`` (a label) adds pass counts and pass@k per
+    group to the summary. Ctrl-C ends the run with ``report.interrupted`` set.
     """
     if chunk < 1:
         raise SpecError("chunk", "must be at least 1", chunk)
@@ -298,7 +302,8 @@ def run_batch(
     if recorded is None:
         recorded = ledger.farm_recorded(client)
     to_file = isinstance(output, Path)
-    prev = load_previous(output) if isinstance(output, Path) else Previous()
+    keep = (EXPECT_LABEL, groups.label) if groups is not None else (EXPECT_LABEL,)
+    prev = load_previous(output, keep) if isinstance(output, Path) else Previous()
     fh = output.open("a", encoding="utf-8") if isinstance(output, Path) else output
     try:
         run = _Run(
@@ -310,6 +315,7 @@ def run_batch(
             id_prefix=id_prefix,
             defaults=defaults,
             recorded=recorded,
+            groups=groups,
         )
         if prev.needs_newline:  # the last run died mid-line: keep the torn line on its own
             run.out.write("")

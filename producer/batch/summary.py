@@ -13,6 +13,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from producer.batch.groups import Groups
+
 EXPECT_LABEL = "expect"  # a label naming the status a job is expected to end with
 STATUS_STYLES = {
     "succeeded": "green",
@@ -21,6 +23,7 @@ STATUS_STYLES = {
     "memory_exceeded": "magenta",
     "output_flooded": "magenta",
     "crashed": "bold red",
+    "wrong_answer": "red",
     "rejected": "yellow",
     "error": "bold red",
     "cancelled": "dim",
@@ -53,6 +56,7 @@ class Summary:
     invalid: int = 0
     expected: int = 0
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)  # id, expected, got
+    groups: Groups | None = None  # --group-by: pass counts and pass@k per label value
 
     def add(self, record: dict[str, Any]) -> None:
         """Count one result, given as its JSON dict (as stored in RESULTS)."""
@@ -63,11 +67,32 @@ class Summary:
             self.run_ms.append(float(timings["run_ms"]))
         if isinstance(timings.get("queue_wait_ms"), int | float):
             self.queue_wait_ms.append(float(timings["queue_wait_ms"]))
+        if self.groups is not None:
+            self.groups.add(record)
         expect = (record.get("labels") or {}).get(EXPECT_LABEL)
         if expect:
             self.expected += 1
             if expect != status:
                 self.mismatches.append((str(record.get("id")), expect, status))
+
+    def as_json(self) -> dict[str, Any]:
+        """The summary as data (``--summary-json``)."""
+
+        def spread(values: list[float]) -> dict[str, float | None]:
+            top = max(values) if values else None
+            return {"p50": percentile(values, 50), "p95": percentile(values, 95), "max": top}
+
+        out: dict[str, Any] = {
+            "jobs": self.jobs,
+            "invalid": self.invalid,
+            "statuses": dict(self.statuses.most_common()),
+            "run_ms": spread(self.run_ms),
+            "queue_wait_ms": spread(self.queue_wait_ms),
+            "expected": {"labelled": self.expected, "mismatches": len(self.mismatches)},
+        }
+        if self.groups is not None:
+            out["groups"] = self.groups.as_json()
+        return out
 
     @property
     def jobs(self) -> int:
@@ -107,6 +132,8 @@ class Summary:
             timing.add_row(name, _ms(percentile(values, 50)), _ms(percentile(values, 95)), _ms(top))
 
         parts: list[Any] = [counts, Text(""), timing, Text("")]
+        if self.groups is not None and self.groups.counts:
+            parts += [self.groups.table(), Text("")]
         fresh = self.jobs - resumed - earlier
         line = f"{self.jobs} results"
         if elapsed_s and fresh:

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, BinaryIO
 
 import click
 
-from producer.commands.common import fail, job_client
+from producer.commands.common import closing_client, fail, job_client
 from sandbox_core import BACKEND_NAMES, SpecError, parse_spec
 
 if TYPE_CHECKING:
@@ -105,6 +105,15 @@ def batch() -> None:
     default=None,
     help="progress bar on stderr (default: on a tty, unless -o - writes to that tty too)",
 )
+@click.option(
+    "--group-by",
+    help="labels.NAME: pass counts (succeeded) and pass@k per value of that label",
+)
+@click.option(
+    "--summary-json",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="also write the summary (statuses, times, groups and pass@k) as JSON to FILE",
+)
 def run(
     jobs: tuple[Path, ...],
     output: Path,
@@ -119,6 +128,8 @@ def run(
     strict: bool,
     cancel_on_interrupt: bool,
     progress: bool | None,
+    group_by: str | None,
+    summary_json: Path | None,
 ) -> None:
     """Run every job of JOBS (JSONL, one JobSpec per line; `-` reads stdin, once) and
     append one result per line to -o RESULTS.
@@ -138,6 +149,7 @@ def run(
     from rich.console import Console
 
     from producer.batch import STDIN_NAME, BatchInput, Defaults, print_summary, run_batch
+    from producer.batch.groups import Groups, label_of
 
     to_stdout = str(output) == "-"
     stdin_count = sum(str(path) == "-" for path in jobs)
@@ -157,6 +169,10 @@ def run(
     if id_prefix is not None:
         _check_prefix(id_prefix)
     defaults = _defaults(Defaults, backend, timeout_s, memory_mb)
+    try:
+        groups = Groups(label_of(group_by)) if group_by is not None else None
+    except SpecError as exc:
+        fail(str(exc))
 
     err = Console(stderr=True)
     if not err.is_terminal:  # a log file: room for the final progress line, unwrapped
@@ -172,8 +188,7 @@ def run(
         so_far = "went to stdout" if to_stdout else f"are in {output}"
         hint = _resume_hint(to_stdout, stdin_count > 0)
         try:
-            client = job_client(redis_url, api)
-            try:
+            with closing_client(job_client(redis_url, api)) as client:
                 report = run_batch(
                     inputs,
                     sys.stdout if to_stdout else output,
@@ -184,16 +199,15 @@ def run(
                     defaults=defaults,
                     stderr=err,
                     progress=show,
+                    groups=groups,
                 )
+                if summary_json is not None:
+                    _write_json(summary_json, report.summary.as_json())
                 summary_console = err if to_stdout else Console()
                 short = hint if hint == RERUN else ""  # a long hint is the last line instead
                 print_summary(report, summary_console, missing_hint=short)
                 if report.interrupted:
                     _interrupted(report, client, cancel_on_interrupt, so_far, hint, err)
-            finally:
-                close = getattr(client, "close", None)
-                if close is not None:
-                    close()
         except KeyboardInterrupt:  # before anything was submitted (or while closing)
             err.print(f"interrupted: results so far {so_far}", markup=False)
             sys.exit(130)
@@ -207,6 +221,12 @@ def run(
     if strict and report.invalid:
         where = "stdout" if to_stdout else output
         fail(f"--strict: {report.invalid} invalid input lines (see stderr and {where})")
+
+
+def _write_json(path: Path, data: dict[str, object]) -> None:
+    import json
+
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
 def _check_prefix(prefix: str) -> None:

@@ -3,8 +3,10 @@ validated into one line, and a farm client that fails in seconds when Redis is a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -63,3 +65,14 @@ def job_client(redis_url: str | None, api: str | None) -> JobClient:
     from producer.client import FarmClient
 
     return FarmClient(settings=reachable_settings(redis_url=redis_url))
+
+
+@contextlib.contextmanager
+def closing_client(client: JobClient) -> Iterator[JobClient]:
+    """The client, closed at the end (a FarmClient's Redis pool, a GatewayClient's HTTP)."""
+    try:
+        yield client
+    finally:
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()

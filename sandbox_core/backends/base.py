@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from sandbox_core import defaults as d
 from sandbox_core.backends.config import CommonConfig
 from sandbox_core.errors import PolicyError, ProtectionUnavailableError, SandfarmError
+from sandbox_core.expected import mismatch
 from sandbox_core.models import (
     BashStep,
     CollectedFile,
@@ -229,6 +230,10 @@ class Backend(ABC):
         outcome = session.exec(step, index, deadline, cancel)
         status, message = classify(outcome, limits)
         stdout, stderr = outcome.stdout.render(), outcome.stderr.render()
+        if status == StepStatus.SUCCEEDED and step.expected_stdout is not None:
+            wrong = mismatch(stdout.text, stdout.truncated, step.expected_stdout, step.compare)
+            if wrong is not None:
+                status, message = StepStatus.WRONG_ANSWER, wrong
         return StepResult(
             kind=step.kind,
             status=status,
@@ -347,10 +352,11 @@ _SEVERITY = [
     StepStatus.OUTPUT_FLOODED,
     StepStatus.CRASHED,
     StepStatus.FAILED,
+    StepStatus.WRONG_ANSWER,
 ]
 
 
-_UNCHECKED_OK = (StepStatus.FAILED, StepStatus.CRASHED)
+_UNCHECKED_OK = (StepStatus.FAILED, StepStatus.CRASHED, StepStatus.WRONG_ANSWER)
 
 
 def _counts(step: StepResult) -> bool:

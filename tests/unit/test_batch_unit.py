@@ -423,7 +423,7 @@ def test_progress_line_fits_80_columns_with_every_status(big: bool) -> None:
     from producer.batch.progress import SHORT_NAMES
 
     counts = {name: (1000 * (n + 1) + n if big else n + 1) for n, name in enumerate(FINAL)}
-    assert len(counts) == 9
+    assert len(counts) == 10  # every final status, wrong_answer included
     total, done = (1_000_000, 123_456) if big else (1000, 123)
     lines = progress_text(80, total, done, counts)
     assert all(len(line) <= 80 for line in lines), lines

