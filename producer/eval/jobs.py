@@ -18,7 +18,7 @@ from sandbox_core import SpecError
 HARNESS = files("producer.eval").joinpath("harness.py").read_text(encoding="utf-8")
 HARNESS_VERSION = hashlib.sha256(HARNESS.encode()).hexdigest()[:12]
 RECORD_TAG = "SANDFARM-EVAL"  # harness.RECORD_TAG (the harness imports nothing of ours)
-HARNESS_MARGIN_S = 10.0  # the job's wall limit over the sample's: two interpreters start
+HARNESS_MARGIN_S = 10.0  # the job's wall limit over the sample's: the harness starts, forks
 PASSED, TIMED_OUT = "passed", "timed out"
 MAX_LABEL = 200
 
