@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     )
     task_events: bool = Field(True, description="workers send task events (Flower needs them)")
     flower_port: int = Field(5555, description="`sandfarm flower` port")
+    metrics_port: int = Field(9808, description="`sandfarm metrics` port (the collector)")
+    metrics_token: str = Field(
+        "",
+        description="bearer token `/metrics` requires (collector and gateway); without it the"
+        " gateway serves no `/metrics` and the collector only binds loopback",
+    )
     workspace_dir: Path | None = Field(
         None,
         description="where job workspaces live; default: /var/lib/sandfarm/work as root"
