@@ -5,14 +5,24 @@ recover."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from producer.gateway_client import GatewayClient
+from producer.protocol import connect
+from producer.protocol.tenant_store import TenantStore
+from producer.protocol.tenants import Policy
 from sandbox_core import Status
-from tests.farmkit import Farm, wait_for
+from tests.farmkit import SANDFARM, Farm, wait_for
+from tests.gatewaykit import exactly_once
 from tests.netkit import (  # noqa: F401
+    Host,
     Network,
     RedisHost,
     counters,
@@ -151,6 +161,68 @@ def test_broker_redis_killed_and_restarted_mid_batch(hosts: Network, tmp_path: P
             batch_done_after_restart_s=elapsed(up_at),
         )
         check_all(results, ids)
+    finally:
+        farm.stop()
+        broker.stop()
+
+
+def start_gateway_on(host: Host, farm: Farm, port: int = 8000) -> tuple[str, subprocess.Popen]:
+    """A real `sandfarm gateway` on ``host``, listening on its address."""
+    argv = [SANDFARM, "gateway", "--host", host.address, "--port", str(port)]
+    proc = host.popen(argv, farm.tmp / f"gateway-{host.role}.log", {**os.environ, **farm.env})
+    url = f"http://{host.address}:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, (farm.tmp / f"gateway-{host.role}.log").read_text()
+        try:
+            return host.call(httpx.get, f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, 30, 0.1, f"the gateway on {host.role}")
+    return url, proc
+
+
+def test_gateway_replica_killed_mid_submit(hosts: Network, tmp_path: Path) -> None:  # noqa: F811
+    broker = RedisHost(hosts["broker"], tmp_path)
+    broker.start()
+    farm = Farm(broker.url, tmp_path, dict(FAST))
+    admin = hosts["broker"]
+    try:
+        start_worker_on(farm, hosts["w1"], "w1")
+        start_worker_on(farm, hosts["w2"], "w2")
+        first, doomed = start_gateway_on(hosts["w1"], farm)
+        second, _ = start_gateway_on(hosts["w2"], farm)
+
+        def make_tenant() -> str:
+            store = TenantStore(connect(farm.settings.redis_url), farm.settings.keys)
+            store.add("net", Policy())
+            return store.create_key("net")[0]
+
+        key = admin.call(make_tenant)
+        r = admin.call(connect, farm.settings.redis_url)
+        keys = farm.settings.keys
+        ids = [f"g{i}" for i in range(600)]
+        client = hosts["client"].call(GatewayClient, [first, second], key)
+        sender = hosts["client"].pool.submit(
+            client.submit_many, [{"command": "true", "id": i} for i in ids], batch=50
+        )
+        listed = lambda: admin.call(r.zcard, keys.joblist("net"))  # noqa: E731
+        wait_for(lambda: listed() >= 150, 60, 0.05, "a quarter accepted")
+        at_kill = listed()
+        os.killpg(doomed.pid, signal.SIGKILL)  # requests to it are in flight
+        killed_at = time.monotonic()
+        wait_for(lambda: listed() > at_kill, 60, 0.05, "the other replica takes the rest")
+        failover = elapsed(killed_at)
+        assert sender.result(120) == ids  # the client's retries landed on the other
+        done = hosts["client"].call(
+            lambda: {res.id for res in client.as_completed(ids, timeout=120)}
+        )
+        lost = len(set(ids) - done)
+        doubled = admin.call(r.zcard, keys.joblist("net")) - len(ids)
+        figures("gateway-kill", jobs=len(ids), lost=lost, doubled=doubled, failover_s=failover)
+        admin.call(exactly_once, r, keys, "net", ids)
+        assert lost == 0 and doubled == 0
     finally:
         farm.stop()
         broker.stop()
