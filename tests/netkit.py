@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
+from producer.protocol import connect
 from tests.farmkit import Farm, wait_for
 
 T = TypeVar("T")
@@ -271,7 +272,7 @@ def counters(host: Host, farm: Farm) -> dict[str, int]:
 
     def read() -> dict[str, int]:
         keys = farm.settings.keys
-        client = redis.Redis.from_url(farm.settings.redis_url)
+        client = connect(farm.settings.redis_url)  # sentinel:// too
         try:
             duplicates = int(client.get(keys.duplicates) or 0)
             redeliveries = int(client.hget(keys.stats, "redeliveries") or 0)
@@ -284,3 +285,65 @@ def counters(host: Host, farm: Farm) -> dict[str, int]:
 
 def elapsed(since: float) -> float:
     return round(time.monotonic() - since, 1)
+
+
+class SentinelHost:
+    """A redis-sentinel on a host, watching the primary ``master`` (quorum 2): it takes
+    the primary down after 1 s of silence."""
+
+    def __init__(self, host: Host, tmp: Path, primary: RedisHost, master: str = "farm") -> None:
+        self.host = host
+        self.port = 26379
+        self.dir = tmp / f"sentinel-{host.role}"
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        self.master = master
+        self.conf = self.dir / "sentinel.conf"  # sentinel rewrites it: its own copy
+        self.conf.write_text(
+            f"port {self.port}\nbind {host.address}\nprotected-mode no\ndir {self.dir}\n"
+            f"sentinel monitor {master} {primary.host.address} {primary.port} 2\n"
+            f"sentinel down-after-milliseconds {master} 1000\n"
+            f"sentinel failover-timeout {master} 10000\n"
+            f"sentinel parallel-syncs {master} 1\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host.address}:{self.port}"
+
+    def start(self) -> None:
+        argv = ["redis-sentinel", str(self.conf)]
+        self.proc = self.host.popen(argv, self.dir / "sentinel.log", dict(os.environ))
+
+    def ask(self, method: str, *args: Any) -> Any:
+        """Call redis-py's ``method`` (``sentinel_master`` ...) on this sentinel."""
+
+        def go() -> Any:
+            client = redis.Redis(host=self.host.address, port=self.port, socket_timeout=2)
+            try:
+                return getattr(client, method)(*args)
+            finally:
+                client.close()
+
+        return self.host.call(go)
+
+    def primary(self) -> str | None:
+        """host:port of the primary this sentinel names now."""
+        try:
+            host, port = self.ask("sentinel_get_master_addr_by_name", self.master)
+        except (redis.RedisError, TypeError):
+            return None
+        return f"{host.decode() if isinstance(host, bytes) else host}:{port}"
+
+    def ready(self) -> bool:
+        """It knows the other two sentinels and a replica: a failover could happen."""
+        try:
+            info = self.ask("sentinel_master", self.master)
+        except redis.RedisError:
+            return False
+        return info.get("num-other-sentinels") == 2 and info.get("num-slaves") == 1
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
