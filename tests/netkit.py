@@ -21,7 +21,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,7 +30,6 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from producer.protocol import connect
 from tests.farmkit import Farm, wait_for
 
 T = TypeVar("T")
@@ -254,37 +252,6 @@ def hosts(is_root: bool) -> Iterator[Network]:
     require_netns(is_root)
     with network(["broker", "w1", "w2", "client"]) as net:
         yield net
-
-
-def results_once(host: Host, farm: Farm, ids: list[str], timeout: float) -> dict[str, Any]:
-    """Every job's result, read on ``host``; the figures of what went wrong."""
-    from tests.farmkit import collect_once
-
-    def collect() -> dict[str, Any]:
-        with farm.client() as client:
-            return collect_once(client, ids, timeout, farm)
-
-    return host.call(collect)
-
-
-def counters(host: Host, farm: Farm) -> dict[str, int]:
-    """The farm's duplicate and redelivery counts, read on ``host``."""
-
-    def read() -> dict[str, int]:
-        keys = farm.settings.keys
-        client = connect(farm.settings.redis_url)  # sentinel:// too
-        try:
-            duplicates = int(client.get(keys.duplicates) or 0)
-            redeliveries = int(client.hget(keys.stats, "redeliveries") or 0)
-        finally:
-            client.close()
-        return {"duplicates": duplicates, "redeliveries": redeliveries}
-
-    return host.call(read)
-
-
-def elapsed(since: float) -> float:
-    return round(time.monotonic() - since, 1)
 
 
 class SentinelHost:

@@ -18,58 +18,32 @@ from producer.gateway_client import GatewayClient
 from producer.protocol import connect
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import Policy
-from sandbox_core import Status
 from tests.farmkit import SANDFARM, Farm, wait_for
 from tests.gatewaykit import exactly_once
+from tests.netfarm import (
+    FAST,
+    check_all,
+    counters,
+    done_count,
+    elapsed,
+    figures,
+    jobs,
+    results_once,
+    submit,
+)
 from tests.netkit import (  # noqa: F401
+    PREFIX,
     Host,
     Network,
     RedisHost,
-    counters,
-    elapsed,
     hosts,
-    results_once,
+    ip,
+    remove_leftovers,
+    require_netns,
     start_worker_on,
 )
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]
-FAST = {
-    "SANDFARM_VISIBILITY_TIMEOUT_S": "6",  # a partitioned worker's jobs come back in ~8 s
-    "SANDFARM_REAPER_INTERVAL_S": "1",
-}
-
-
-def jobs(n: int, tag: str, sleep: float = 0.5) -> list[dict]:
-    return [
-        {"id": f"{tag}-{i}", "command": f"sleep {sleep}; echo {i}", "limits": {"timeout_s": 5}}
-        for i in range(n)
-    ]
-
-
-def submit(net: Network, farm: Farm, specs: list[dict]) -> list[str]:
-    def go() -> list[str]:
-        with farm.client() as client:
-            return client.submit_many(specs)
-
-    return net["client"].call(go)
-
-
-def done_count(net: Network, farm: Farm, ids: list[str]) -> int:
-    def count() -> int:
-        with farm.client() as client:
-            return len(client.results(ids))
-
-    return net["client"].call(count)
-
-
-def check_all(results: dict, ids: list[str]) -> None:
-    for i, job_id in enumerate(ids):
-        assert results[job_id].status == Status.SUCCEEDED, results[job_id]
-        assert results[job_id].steps[0].stdout == f"{i}\n"
-
-
-def figures(name: str, **values: object) -> None:
-    print(f"\n[{name}] " + " ".join(f"{k}={v}" for k, v in values.items()), flush=True)
 
 
 def test_farm_runs_across_hosts(hosts: Network, tmp_path: Path) -> None:  # noqa: F811
@@ -226,3 +200,26 @@ def test_gateway_replica_killed_mid_submit(hosts: Network, tmp_path: Path) -> No
     finally:
         farm.stop()
         broker.stop()
+
+
+def test_leftovers_of_a_crashed_run_are_removed(is_root: bool) -> None:
+    """A run that died keeps its namespaces and links; the next run removes them (their
+    test process is gone) and leaves those of live runs alone."""
+    require_netns(is_root)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid is free now: the "crashed run"
+    dead, live = f"{PREFIX}{gone.pid}-w9", f"{PREFIX}{os.getpid()}-keep"
+    link = f"{PREFIX}v{gone.pid}x9a"
+    try:
+        for name in (dead, live):
+            ip("netns", "add", name)
+        ip("link", "add", link, "type", "veth", "peer", "name", link[:-1] + "b")
+        removed = remove_leftovers()
+        names = ip("netns", "list").stdout
+        assert dead in removed and link in removed and live not in removed
+        assert dead not in names and live in names
+        assert link not in ip("-o", "link", "show").stdout
+    finally:
+        for name in (dead, live):
+            ip("netns", "del", name, check=False)
+        ip("link", "del", link, check=False)
