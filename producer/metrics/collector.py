@@ -76,7 +76,10 @@ def read(client: redis.Redis, settings: Settings) -> Snapshot:
         now=now,
     )
     for raw_name, raw in beats.items():
-        beat = Heartbeat.model_validate_json(raw)
+        try:
+            beat = Heartbeat.model_validate_json(raw)
+        except ValueError:
+            continue  # not a beat of ours: a scrape never fails for one field
         if now - beat.ts <= WORKER_SHOWN_S:
             snap.beats[text(raw_name)] = beat
     for qid in flying:

@@ -57,6 +57,8 @@ def test_metrics_count_a_known_batch_exactly(tenant_farm) -> None:  # noqa: F811
     assert client.post("/v1/jobs/batch", json={"jobs": two}).status_code == 429  # 1 token
     network = {"id": "net", "command": "true", "limits": {"network": True}}
     assert client.post("/v1/jobs", json=network).status_code == 422
+    assert client.post("/v1/jobs", json={"id": "ok-0", "command": "false"}).status_code == 409
+    assert client.get("/no/such/path-1234").status_code == 404  # one label for all such
     worker = tf.farm.start_worker("m", 2)
     statuses = {job["id"]: wait_final(client, job["id"])["status"] for job in BATCH}
     assert sorted(statuses.values()) == sorted(
@@ -94,6 +96,7 @@ def test_metrics_count_a_known_batch_exactly(tenant_farm) -> None:  # noqa: F811
     refused = "sandfarm_admission_refused_total"
     assert value(found, refused, tenant="alpha", reason="rate") == 2  # jobs, not calls
     assert value(found, refused, tenant="alpha", reason="policy") == 1
+    assert value(found, refused, tenant="alpha", reason="conflict") == 1
     for hist in ("sandfarm_job_run_seconds", "sandfarm_job_queue_wait_seconds"):
         assert value(found, f"{hist}_count", backend="process") == 6
         assert value(found, f"{hist}_bucket", backend="process", le="+Inf") == 6
@@ -126,7 +129,10 @@ def test_metrics_count_a_known_batch_exactly(tenant_farm) -> None:  # noqa: F811
     assert value(gw, count, route="/v1/jobs", method="POST", code="422") == 1
     assert value(gw, count, route="/v1/jobs/{job_id}/cancel", method="POST", code="200") == 1
     assert value(gw, count, route="/v1/jobs/{job_id}", method="GET", code="200") >= len(BATCH)
+    assert value(gw, count, route="/v1/jobs", method="POST", code="409") == 1
+    assert value(gw, count, route="unmatched", method="GET", code="404") == 1
     assert "cancel-me" not in metrics.text and "ok-0" not in metrics.text
+    assert "path-1234" not in metrics.text
 
 
 def test_metrics_stay_private_without_a_token(tenant_farm) -> None:  # noqa: F811
