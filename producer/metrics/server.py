@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import signal
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -79,6 +81,8 @@ def server(settings: Settings, host: str, port: int) -> ThreadingHTTPServer:
 
 def serve(settings: Settings, host: str, port: int) -> None:
     httpd = server(settings, host, port)
+    # as a container's pid 1, SIGTERM would be ignored without a handler of our own
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"sandfarm metrics: http://{host}:{port}/metrics", flush=True)
     try:
         httpd.serve_forever()

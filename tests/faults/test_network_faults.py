@@ -11,15 +11,14 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from producer.gateway_client import GatewayClient
 from producer.protocol import connect
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import Policy
-from tests.farmkit import SANDFARM, Farm, wait_for
-from tests.gatewaykit import exactly_once
+from tests.farmkit import Farm, wait_for
+from tests.gatewaykit import Gateway, exactly_once, launch_gateway
 from tests.netfarm import (
     FAST,
     check_all,
@@ -140,21 +139,9 @@ def test_broker_redis_killed_and_restarted_mid_batch(hosts: Network, tmp_path: P
         broker.stop()
 
 
-def start_gateway_on(host: Host, farm: Farm, port: int = 8000) -> tuple[str, subprocess.Popen]:
+def start_gateway_on(host: Host, farm: Farm, port: int = 8000) -> Gateway:
     """A real `sandfarm gateway` on ``host``, listening on its address."""
-    argv = [SANDFARM, "gateway", "--host", host.address, "--port", str(port)]
-    proc = host.popen(argv, farm.tmp / f"gateway-{host.role}.log", {**os.environ, **farm.env})
-    url = f"http://{host.address}:{port}"
-
-    def ready() -> bool:
-        assert proc.poll() is None, (farm.tmp / f"gateway-{host.role}.log").read_text()
-        try:
-            return host.call(httpx.get, f"{url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(ready, 30, 0.1, f"the gateway on {host.role}")
-    return url, proc
+    return launch_gateway(farm, host.address, port, host.command([]), host.call)
 
 
 def test_gateway_replica_killed_mid_submit(hosts: Network, tmp_path: Path) -> None:  # noqa: F811
@@ -165,8 +152,8 @@ def test_gateway_replica_killed_mid_submit(hosts: Network, tmp_path: Path) -> No
     try:
         start_worker_on(farm, hosts["w1"], "w1")
         start_worker_on(farm, hosts["w2"], "w2")
-        first, doomed = start_gateway_on(hosts["w1"], farm)
-        second, _ = start_gateway_on(hosts["w2"], farm)
+        doomed = start_gateway_on(hosts["w1"], farm)
+        other = start_gateway_on(hosts["w2"], farm)
 
         def make_tenant() -> str:
             store = TenantStore(connect(farm.settings.redis_url), farm.settings.keys)
@@ -177,14 +164,14 @@ def test_gateway_replica_killed_mid_submit(hosts: Network, tmp_path: Path) -> No
         r = admin.call(connect, farm.settings.redis_url)
         keys = farm.settings.keys
         ids = [f"g{i}" for i in range(600)]
-        client = hosts["client"].call(GatewayClient, [first, second], key)
+        client = hosts["client"].call(GatewayClient, [doomed.url, other.url], key)
         sender = hosts["client"].pool.submit(
             client.submit_many, [{"command": "true", "id": i} for i in ids], batch=50
         )
         listed = lambda: admin.call(r.zcard, keys.joblist("net"))  # noqa: E731
         wait_for(lambda: listed() >= 150, 60, 0.05, "a quarter accepted")
         at_kill = listed()
-        os.killpg(doomed.pid, signal.SIGKILL)  # requests to it are in flight
+        doomed.stop(signal.SIGKILL)  # requests to it are in flight
         killed_at = time.monotonic()
         wait_for(lambda: listed() > at_kill, 60, 0.05, "the other replica takes the rest")
         failover = elapsed(killed_at)
