@@ -9,8 +9,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -40,6 +42,39 @@ class Gateway:
             self.proc.wait(10)
 
 
+def launch_gateway(
+    farm: Farm,
+    address: str,
+    port: int,
+    launcher: list[str] | None = None,
+    call: Callable[..., Any] | None = None,
+) -> Gateway:
+    """A real `sandfarm gateway` on ``address:port``, answering /readyz. ``launcher`` and
+    ``call`` run it and ask it from elsewhere (a host of tests/netkit.py)."""
+    log = farm.tmp / f"gateway-{address}-{port}.log"
+    argv = [SANDFARM, "gateway", "--host", address, "--port", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*(launcher or []), *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **farm.env},
+            start_new_session=True,
+        )
+    gateway = Gateway(f"http://{address}:{port}", proc, log)
+    ask = call or (lambda fn, *args, **kwargs: fn(*args, **kwargs))
+
+    def ready() -> bool:
+        assert proc.poll() is None, log.read_text()
+        try:
+            return ask(httpx.get, f"{gateway.url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, 30, 0.1, "the gateway answers")
+    return gateway
+
+
 @dataclass
 class TenantFarm:
     """A farm with gateways in front and a tenant store to make tenants in."""
@@ -53,27 +88,8 @@ class TenantFarm:
         return TenantStore(connect(settings.redis_url), settings.keys)
 
     def start_gateway(self) -> Gateway:
-        port = free_port()
-        log = self.farm.tmp / f"gateway-{port}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [SANDFARM, "gateway", "--port", str(port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.farm.env},
-                start_new_session=True,
-            )
-        gateway = Gateway(f"http://127.0.0.1:{port}", proc, log)
+        gateway = launch_gateway(self.farm, "127.0.0.1", free_port())
         self.gateways.append(gateway)
-
-        def ready() -> bool:
-            assert proc.poll() is None, log.read_text()
-            try:
-                return httpx.get(f"{gateway.url}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 30, 0.1, "the gateway answers")
         return gateway
 
     def tenant(self, name: str, **policy: object) -> str:
@@ -105,6 +121,22 @@ def wait_final(client: httpx.Client, job_id: str, timeout: float = 60) -> dict:
         if reply.get("status") not in ("queued", "running"):
             return reply
     raise AssertionError(f"{job_id} not final after {timeout}s")
+
+
+def exactly_once(r, keys, tenant: str, ids: list[str]) -> None:
+    """Each job has its result, ran one attempt, and nothing is left queued or counted
+    twice."""
+    qids = [f"{tenant}/{i}" for i in ids]
+    results = r.mget([keys.result(q) for q in qids])
+    missing = [q for q, v in zip(qids, results, strict=True) if v is None]
+    assert not missing, f"{len(missing)} accepted jobs have no result: {missing[:5]}"
+    attempts = r.mget([keys.attempts(q) for q in qids])
+    twice = [q for q, n in zip(qids, attempts, strict=True) if n is not None and int(n) != 1]
+    assert not twice, f"jobs run more than once: {twice[:5]}"
+    assert r.get(keys.duplicates) in (None, b"0")
+    assert r.llen(keys.pending(tenant)) == 0
+    assert r.zcard(keys.active(tenant)) == 0
+    assert not r.keys(keys.message(f"{tenant}/*"))
 
 
 @pytest.fixture
