@@ -55,7 +55,7 @@ stack-down:  # VOLUMES=1 also removes the named data volumes (Redis, Prometheus)
 # The stack end to end: up from clean, a batch through the gateway, Flower in Chromium,
 # Prometheus, down (tests/stack/, which plain `make test` leaves out).
 test-stack: setup
-	$(BIN)/pytest -q -p no:cacheprovider tests/stack $(PYTEST_ARGS)
+	SANDFARM_TEST_STACK=1 $(BIN)/pytest -q -p no:cacheprovider -s tests/stack $(PYTEST_ARGS)
 
 bench: services
 	$(BIN)/python ops/bench/sandbox_overhead.py

@@ -103,19 +103,13 @@ build_images() {
 
 # The docker backend mounts a devpts per job container under this directory (its
 # fixed place, as on a host worker); the engine (the host's mount namespace) must see
-# those mounts: a shared bind mount of the directory onto itself.
+# those mounts: a shared bind mount of the directory onto itself. It stays after
+# `down` (harmless; another stack's or a host worker's containers may use it).
 PTS_DIR=/var/lib/sandfarm/work/docker-pts
 prepare_host_dirs() {
     mkdir -p "$PTS_DIR" /run/sandfarm
     mountpoint -q "$PTS_DIR" || mount --bind "$PTS_DIR" "$PTS_DIR"
     mount --make-rshared "$PTS_DIR"
-}
-
-release_host_dirs() {  # only when no devpts of any worker is still mounted below it
-    if mountpoint -q "$PTS_DIR" && ! awk -v d="$PTS_DIR/" 'index($2, d) == 1 { f = 1 }
-        END { exit !f }' /proc/self/mounts; then
-        umount "$PTS_DIR" || log "could not unmount $PTS_DIR"
-    fi
 }
 
 health_of() {  # health_of CONTAINER -> healthy|unhealthy|starting|running|exited...
@@ -181,7 +175,6 @@ down() {
     local volumes=()
     [ "${1:-}" = --volumes ] && volumes=(--volumes)
     compose down --remove-orphans "${volumes[@]}"
-    release_host_dirs
     log "down${volumes:+ (volumes removed)}"
 }
 

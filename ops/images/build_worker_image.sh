@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build the worker image (default sandfarm/worker:latest) from ops/images/worker/Dockerfile.
 #
-# The build context is the repository, restricted to files git tracks or does not
-# ignore (no .git, .venv, caches), streamed as a tar. Idempotent: the image carries the
+# The build context is what the image installs (CONTEXT_PATHS: the packages, their
+# metadata, this image's directory), restricted to files git tracks or does not ignore
+# (no .git, .venv, caches), streamed as a tar: an edit of the tests or docs keeps the
+# image. Idempotent: the image carries the
 # label sandfarm.inputs-hash over that file set; an image with the same hash is kept.
 #
 # Environment:
@@ -49,7 +51,9 @@ context_files() {
 
 files=$(mktemp)
 trap 'rm -f "$files"' EXIT
-context_files | LC_ALL=C sort -z >"$files"
+# What the image needs: pyproject.toml names README.md as the package's readme.
+CONTEXT_PATHS='^(pyproject\.toml|README\.md|sandbox_core/|producer/|worker/|ops/images/worker/)'
+context_files | grep -zE "$CONTEXT_PATHS" | LC_ALL=C sort -z >"$files"
 
 inputs_hash=$(
     {
