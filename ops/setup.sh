@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the system packages sandfarm needs on Debian, when missing and when root:
-# python3-venv (for the virtualenv), redis-server, bubblewrap, and the sandbox runtime
+# python3-venv (for the virtualenv), redis-server and redis-sentinel, bubblewrap, and the sandbox runtime
 # (the system python3 with pytest, which L1/L2 jobs run), a C compiler for the exec
 # helper, tini, and Debian's chromium for the browser tests.
 set -euo pipefail
@@ -8,6 +8,8 @@ log() { echo "[setup] $*" >&2; }
 
 want=()
 command -v redis-server >/dev/null || want+=(redis-server)
+# Sentinel (the failover test; Debian ships it apart from the server)
+command -v redis-sentinel >/dev/null || want+=(redis-sentinel)
 command -v bwrap >/dev/null || want+=(bubblewrap)
 [ -x /usr/bin/python3 ] || want+=(python3)
 /usr/bin/python3 -c 'import pytest' 2>/dev/null || want+=(python3-pytest)

@@ -11,12 +11,13 @@ from typing import Any
 
 import redis
 
-from producer.protocol import FarmScripts, Settings
+from producer.protocol import FarmScripts, Settings, stats
 from producer.protocol.scripts import loads
 from producer.protocol.submission import prepare, submit
 from producer.protocol.tenant_store import TenantStore, text
 from producer.protocol.tenants import Policy, admit, qualified
 from sandbox_core import JobResult, JobSpec, Status
+from sandbox_core.errors import PolicyError, SpecError
 
 DEFAULT_BATCH = 1000
 
@@ -49,7 +50,11 @@ class TenantJobs:
         """Admit ``specs`` (each with an id, as the policy allows: see admit(), which raises
         otherwise) through the fair-share queue; see protocol.submission.submit."""
         policy = policy or self.policy()
-        specs = [admit(spec, policy) for spec in specs]
+        try:
+            specs = [admit(spec, policy) for spec in specs]
+        except (SpecError, PolicyError):
+            stats.count_refused(self.redis, self.keys, self.tenant, "policy", len(specs))
+            raise
         now = datetime.now(UTC)
         queue = self.settings.queue
         jobs = [prepare(spec, self.tenant, policy, notify, queue, now) for spec in specs]

@@ -207,14 +207,21 @@ class Farm:
         return FarmClient(settings=self.settings, **kwargs)
 
     def start_worker(
-        self, name: str, concurrency: int = 2, wait: bool = True, **env: str
+        self,
+        name: str,
+        concurrency: int = 2,
+        wait: bool = True,
+        launcher: list[str] | None = None,
+        **env: str,
     ) -> Worker:
+        """A `sandfarm worker`; ``launcher`` runs it (``ip netns exec NS``: on a host)."""
         node = f"{name}-{self.tag}"
         log = self.tmp / f"{node}.log"
         full_env = {**os.environ, **self.env, **env, "PYTHONUNBUFFERED": "1"}
+        argv = [SANDFARM, "worker", "-c", str(concurrency), "-n", node, "-l", "info"]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [SANDFARM, "worker", "-c", str(concurrency), "-n", node, "-l", "info"],
+                [*(launcher or []), *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=full_env,

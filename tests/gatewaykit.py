@@ -107,6 +107,22 @@ def wait_final(client: httpx.Client, job_id: str, timeout: float = 60) -> dict:
     raise AssertionError(f"{job_id} not final after {timeout}s")
 
 
+def exactly_once(r, keys, tenant: str, ids: list[str]) -> None:
+    """Each job has its result, ran one attempt, and nothing is left queued or counted
+    twice."""
+    qids = [f"{tenant}/{i}" for i in ids]
+    results = r.mget([keys.result(q) for q in qids])
+    missing = [q for q, v in zip(qids, results, strict=True) if v is None]
+    assert not missing, f"{len(missing)} accepted jobs have no result: {missing[:5]}"
+    attempts = r.mget([keys.attempts(q) for q in qids])
+    twice = [q for q, n in zip(qids, attempts, strict=True) if n is not None and int(n) != 1]
+    assert not twice, f"jobs run more than once: {twice[:5]}"
+    assert r.get(keys.duplicates) in (None, b"0")
+    assert r.llen(keys.pending(tenant)) == 0
+    assert r.zcard(keys.active(tenant)) == 0
+    assert not r.keys(keys.message(f"{tenant}/*"))
+
+
 @pytest.fixture
 def tenant_farm(make_farm):  # noqa: F811
     """Factory of farms with gateways; gateways stop before the farm's workers do."""

@@ -11,8 +11,9 @@ import sys
 
 import click
 
-from producer.commands.common import farm_settings, reachable_settings
-from producer.protocol import Settings
+from producer.commands.common import fail, farm_settings, reachable_settings
+from producer.protocol import FarmError, Settings
+from producer.protocol.connection import redact
 from sandbox_core import BACKEND_NAMES
 
 
@@ -33,6 +34,7 @@ def register(group: click.Group) -> None:
     """Add the farm commands to the `sandfarm` group."""
     group.add_command(worker)
     group.add_command(flower)
+    group.add_command(metrics)
     group.add_command(settings_command)
 
 
@@ -145,6 +147,26 @@ def flower(port: int | None, address: str, api: bool, redis_url: str | None) -> 
     )
 
 
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", type=int, default=None, help=f"HTTP port {_default('metrics_port')}")
+@redis_url_option
+def metrics(host: str, port: int | None, redis_url: str | None) -> None:
+    """Serve the farm's Prometheus metrics at /metrics, read from Redis at each scrape.
+
+    One collector serves the whole farm (run one, or one per Prometheus). It starts
+    without Redis too: then it reports sandfarm_redis_up 0."""
+    from producer.metrics import serve
+
+    settings = farm_settings(redis_url=redis_url)
+    try:
+        serve(settings, host, port or settings.metrics_port)
+    except FarmError:
+        raise  # its own one line (the CLI's group prints it)
+    except OSError as exc:  # the address is taken or not ours
+        fail(f"--host {host} --port {port or settings.metrics_port}: {exc.strerror}", 1)
+
+
 @click.command("settings")
 @click.option("--markdown", is_flag=True, help="the table of every setting, as in the README")
 def settings_command(markdown: bool) -> None:
@@ -155,5 +177,9 @@ def settings_command(markdown: bool) -> None:
     current = farm_settings()
     for name, field in Settings.model_fields.items():
         value = getattr(current, name)
+        if name == "metrics_token" and value:
+            value = "***"  # a secret, like the password in the Redis URL
+        elif name == "redis_url":
+            value = redact(value)
         click.echo(f"SANDFARM_{name.upper()}={'' if value is None else value}")
         click.echo(f"    {field.description}")

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from producer.gateway import problems
+from producer.gateway import metrics, problems
 from producer.gateway.context import Farm, farm_of
 from producer.gateway.routes import router
 from producer.gateway.schemas import Health
@@ -137,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Health(status="ok")
 
     app.add_middleware(BodyLimit, limit=settings.gateway_max_body_mb * 1024 * 1024)
+    metrics.install(app, settings.metrics_token)  # outermost: a 413 is timed too
     return app
 
 

@@ -3,15 +3,17 @@ the visibility timeout and the serialiser can never differ between them."""
 
 from __future__ import annotations
 
-from producer.protocol import connection
+from producer.protocol import connection, urls
 from producer.protocol.settings import Settings
 
 TASK_NAME = "sandfarm.execute"
 
 
 def broker_config(settings: Settings) -> dict[str, object]:
+    # a sentinel:// URL becomes kombu's own form (one URL per sentinel) + master_name
+    broker_url, sentinel = urls.kombu_broker(settings.redis_url)
     return {
-        "broker_url": settings.redis_url,
+        "broker_url": broker_url,
         # JSON only: a job is data, and pickle from a shared Redis would be code execution.
         "task_serializer": "json",
         "accept_content": ["json"],
@@ -35,6 +37,7 @@ def broker_config(settings: Settings) -> dict[str, object]:
             "socket_timeout": connection.SOCKET_TIMEOUT_S,
             "socket_connect_timeout": connection.CONNECT_TIMEOUT_S,
             "health_check_interval": connection.HEALTH_CHECK_S,
+            **sentinel,
         },
         # Keep retrying the broker forever, at startup too: a restarted Redis comes back.
         "broker_connection_retry_on_startup": True,

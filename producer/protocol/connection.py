@@ -9,11 +9,14 @@ so a loop that must keep sweeping never stalls on a missing broker.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from producer.protocol.urls import parse_sentinel, redact, scheme_of
 
 RETRY_BASE_S = 0.05
 RETRY_CAP_S = 2.0
@@ -24,34 +27,48 @@ HEALTH_CHECK_S = 10
 IMPATIENT_TIMEOUT_S = 2.0
 
 
-def redact(url: str) -> str:
-    """``url`` fit to print: a password in it is replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:" if parts.username else ":"
-    host = parts.hostname or ""
-    netloc = f"{user}***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def _options(patient: bool) -> dict[str, Any]:
+    if not patient:
+        return {
+            "socket_timeout": IMPATIENT_TIMEOUT_S,
+            "socket_connect_timeout": IMPATIENT_TIMEOUT_S,
+            "retry": Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries=0),
+        }
+    return {
+        "retry": Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries=RETRIES),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_S,
+    }
 
 
 def connect(url: str, *, patient: bool = True) -> redis.Redis:
-    """A Redis client for ``url`` (redis://, rediss://, unix://)."""
-    if not patient:
-        return redis.Redis.from_url(
-            url,
-            socket_timeout=IMPATIENT_TIMEOUT_S,
-            socket_connect_timeout=IMPATIENT_TIMEOUT_S,
-            retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries=0),
-        )
-    return redis.Redis.from_url(
-        url,
-        retry=Retry(ExponentialBackoff(cap=RETRY_CAP_S, base=RETRY_BASE_S), retries=RETRIES),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        health_check_interval=HEALTH_CHECK_S,
+    """A Redis client for ``url`` (redis://, rediss://, unix://, sentinel://)."""
+    if scheme_of(url) == "sentinel":
+        return _primary(url, _options(patient))
+    return redis.Redis.from_url(url, **_options(patient))
+
+
+def _sentinels(url: str) -> tuple[Sentinel, str]:
+    parsed = parse_sentinel(url)
+    timeouts = {
+        "socket_timeout": IMPATIENT_TIMEOUT_S,
+        "socket_connect_timeout": IMPATIENT_TIMEOUT_S,
+    }
+    return Sentinel(list(parsed.sentinels), sentinel_kwargs=timeouts), parsed.master
+
+
+def _primary(url: str, options: dict[str, Any]) -> redis.Redis:
+    """A client of the primary the sentinels name now; on a dropped connection (and on
+    a READONLY reply from a demoted primary) it asks them again: the patient client's
+    retries ride out a failover as they ride out a restart."""
+    parsed = parse_sentinel(url)
+    sentinel, master = _sentinels(url)
+    client: redis.Redis = sentinel.master_for(
+        master, db=parsed.db, password=parsed.password, username=parsed.username, **options
     )
+    return client
 
 
 def check(url: str) -> None:
@@ -86,6 +103,7 @@ def _plain(exc: Exception) -> str:
         ("Name or service not known", "unknown host"),
         ("Temporary failure in name resolution", "unknown host"),
         ("No such file or directory", "no such socket"),
+        ("No master found", "no sentinel answers with a primary of that name"),
         ("timed out", f"no answer within {IMPATIENT_TIMEOUT_S:g}s"),
     ):
         if needle in text:
@@ -98,11 +116,17 @@ def auth_problem(url: str) -> str | None:
     for a password (or cannot be asked). Tenants never get Redis, but a job with network
     access on the process or bwrap backend shares the host's network, broker included."""
     parts = urlsplit(url)
-    target: dict[str, Any] = (
-        {"unix_socket_path": parts.path}
-        if parts.scheme == "unix"
-        else {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379}
-    )
+    if parts.scheme == "sentinel":
+        sentinel, master = _sentinels(url)
+        try:
+            host, port = sentinel.discover_master(master)
+        except redis.RedisError:
+            return None  # no primary known: `status` says so
+        target: dict[str, Any] = {"host": host, "port": port}
+    elif parts.scheme == "unix":
+        target = {"unix_socket_path": parts.path}
+    else:
+        target = {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379}
     anonymous = redis.Redis(
         **target,
         socket_timeout=IMPATIENT_TIMEOUT_S,

@@ -37,6 +37,10 @@ class Keys:
         return f"{self.prefix}stats:duplicates"
 
     @property
+    def stats(self) -> str:  # hash of the farm's counters (protocol.stats), TTL
+        return f"{self.prefix}stats"
+
+    @property
     def ignored(self) -> str:  # count of second results nobody needs counted (a cancel race)
         return f"{self.prefix}stats:ignored"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from producer.protocol import margins
+from producer.protocol import margins, stats
 from producer.protocol.records import RunningRecord
 from producer.protocol.settings import Settings
 from sandbox_core import JobResult
@@ -103,6 +103,7 @@ class FarmScripts:
             self.settings.dispatch_margin,
             self.settings.visibility_timeout,
             len(jobs),
+            stats.STATS_TTL_S,
         ]
         for job in jobs:
             args += [job.qid, job.spec_hash, job.state, job.message]
@@ -133,6 +134,9 @@ class FarmScripts:
         keys = self.keys
         payload = result.model_dump_json()
         queue, margin, expiry = self._dispatch_args()
+        timings = result.timings
+        run_s = (timings.run_ms or 0.0) / 1000
+        wait_s = (timings.queue_wait_ms or 0.0) / 1000
         stored = self._store(
             keys=[
                 keys.result(qid),
@@ -140,6 +144,7 @@ class FarmScripts:
                 keys.duplicates if count_duplicate else keys.ignored,
                 keys.in_flight,
                 keys.running(qid),
+                keys.stats,
             ],
             args=[
                 payload,
@@ -157,6 +162,12 @@ class FarmScripts:
                 margin,
                 expiry,
                 result.timings.finished_at.timestamp() if result.timings.finished_at else "",
+                result.backend or stats.NO_BACKEND,
+                "" if timings.run_ms is None else stats.bucket_of(run_s),
+                run_s,
+                "" if timings.queue_wait_ms is None else stats.bucket_of(wait_s),
+                wait_s,
+                stats.STATS_TTL_S,
             ],
         )
         return bool(stored)
@@ -178,6 +189,7 @@ class FarmScripts:
                 keys.in_flight,
                 keys.active(tenant) if tenant else "",
                 keys.active_all if tenant else "",
+                keys.stats,
             ],
             args=[
                 self.settings.result_ttl_s,
@@ -186,6 +198,7 @@ class FarmScripts:
                 qid,
                 now + running_for,
                 now,
+                stats.STATS_TTL_S,
             ],
         )
         expiry = _text(dispatch_expiry)

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.protocol import margins
+from producer.protocol import margins, urls
 from producer.protocol.keys import Keys
 from sandbox_core import defaults as d
 from sandbox_core.backends import BACKEND_NAMES
@@ -25,14 +25,14 @@ from sandbox_core.backends.config import (
     backend_config,
 )
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SANDFARM_", extra="ignore")
 
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0", description="broker, job state and results (one Redis)"
+        "redis://127.0.0.1:6379/0",
+        description="broker, job state and results (one Redis): redis://, rediss://, unix://,"
+        " or sentinel://host:port[,host:port...]/<master>[/<db>] (Redis Sentinel)",
     )
     queue: str = Field("sandfarm", description="the Celery queue jobs go through")
     key_prefix: str = Field("sandfarm:", description="prefix of every key sandfarm itself writes")
@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     )
     task_events: bool = Field(True, description="workers send task events (Flower needs them)")
     flower_port: int = Field(5555, description="`sandfarm flower` port")
+    metrics_port: int = Field(9808, description="`sandfarm metrics` port (the collector)")
+    metrics_token: str = Field(
+        "",
+        description="bearer token `/metrics` requires (collector and gateway); without it the"
+        " gateway serves no `/metrics` and the collector only binds loopback",
+    )
     workspace_dir: Path | None = Field(
         None,
         description="where job workspaces live; default: /var/lib/sandfarm/work as root"
@@ -137,13 +143,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, url: str) -> str:
-        scheme = url.split("://", 1)[0] if "://" in url else ""
-        if scheme not in REDIS_SCHEMES:
-            raise ValueError(
-                f"{url!r} is not a Redis URL: it must start with "
-                + " or ".join(f"{s}://" for s in REDIS_SCHEMES)
-            )
-        return url
+        return urls.validate(url)
 
     @property
     def served_backends(self) -> tuple[str, ...]:

@@ -17,26 +17,10 @@ import pytest
 from producer.gateway_client import GatewayClient
 from producer.protocol import connect
 from tests.farmkit import farm_db, make_farm, wait_for  # noqa: F401
-from tests.gatewaykit import tenant_farm  # noqa: F401
+from tests.gatewaykit import exactly_once, tenant_farm  # noqa: F401
 
 pytestmark = pytest.mark.timeout(400)
 QUICK = {"command": "true"}
-
-
-def exactly_once(r, keys, tenant: str, ids: list[str]) -> None:
-    """Each job has its result, ran one attempt, and nothing is left queued or counted
-    twice."""
-    qids = [f"{tenant}/{i}" for i in ids]
-    results = r.mget([keys.result(q) for q in qids])
-    missing = [q for q, v in zip(qids, results, strict=True) if v is None]
-    assert not missing, f"{len(missing)} accepted jobs have no result: {missing[:5]}"
-    attempts = r.mget([keys.attempts(q) for q in qids])
-    twice = [q for q, n in zip(qids, attempts, strict=True) if n is not None and int(n) != 1]
-    assert not twice, f"jobs run more than once: {twice[:5]}"
-    assert r.get(keys.duplicates) in (None, b"0")
-    assert r.llen(keys.pending(tenant)) == 0
-    assert r.zcard(keys.active(tenant)) == 0
-    assert not r.keys(keys.message(f"{tenant}/*"))
 
 
 def test_a_gateway_killed_mid_batch_loses_and_doubles_nothing(tenant_farm) -> None:  # noqa: F811

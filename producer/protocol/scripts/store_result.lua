@@ -1,10 +1,13 @@
 -- Store a job's final result once, announce it on the submitting client's list, count
 -- the tenant's usage, free its dispatch slot and dispatch the next job, in one step.
 -- The first stored result wins; a second one (a redelivered job) is only counted.
--- KEYS: result, done list ('' for none), duplicates counter, in-flight zset, running flag
+-- KEYS: result, done list ('' for none), duplicates counter, in-flight zset, running
+-- flag, stats hash (protocol/stats.py)
 -- ARGV: 1 result JSON, 2 ttl (s), 3 qid, 4 done-list cap, 5 prefix, 6 tenant ('' for
 -- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes, 12 Celery queue,
--- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown).
+-- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown), 16 backend
+-- label, 17 run-time bucket ('' if it did not run), 18 run s, 19 queue-wait bucket ('' if
+-- unknown), 20 wait s, 21 stats ttl (s).
 -- Returns 1 when stored, 0 for a duplicate. The result's phases.store_ms (null when
 -- sent) becomes the time from finished to stored, by this host's clock: JSON strings
 -- escape their quotes, so the first '"store_ms":null' is that field.
@@ -23,6 +26,19 @@ if redis.call('SET', KEYS[1], payload, 'NX', 'EX', ARGV[2]) then
   end
   redis.call('ZREM', KEYS[4], qid)
   redis.call('DEL', KEYS[5])
+  -- the counters: one HINCRBY each, bucket chosen by the caller (fixed bounds)
+  local backend = ARGV[16]
+  local who = tenant ~= '' and tenant or 'none'
+  redis.call('HINCRBY', KEYS[6], 'jobs|' .. who .. '|' .. backend .. '|' .. ARGV[8], 1)
+  if ARGV[17] ~= '' then
+    redis.call('HINCRBY', KEYS[6], 'run|' .. backend .. '|' .. ARGV[17], 1)
+    redis.call('HINCRBYFLOAT', KEYS[6], 'run_sum|' .. backend, ARGV[18])
+  end
+  if ARGV[19] ~= '' then
+    redis.call('HINCRBY', KEYS[6], 'wait|' .. backend .. '|' .. ARGV[19], 1)
+    redis.call('HINCRBYFLOAT', KEYS[6], 'wait_sum|' .. backend, ARGV[20])
+  end
+  redis.call('EXPIRE', KEYS[6], ARGV[21])
   if tenant ~= '' then
     local usage = prefix .. 'usage:' .. tenant .. ':' .. ARGV[7]
     redis.call('HINCRBY', usage, 'jobs', 1)

@@ -2,20 +2,27 @@
 -- ARGV: 1 prefix, 2 tenant, 3 ttl (s), 4 mode ("all": refuse the whole call on any
 -- conflict; "some": take the rest), 5 max queued, 6 rate ("" for none), 7 burst,
 -- 8 CPU budget today in ms ("" for none), 9 UTC day, 10 Celery queue, 11 margin,
--- 12 active expiry (s), 13 n; then per job: qid, spec hash, state JSON, message.
+-- 12 active expiry (s), 13 n, 14 stats ttl (s); then per job: qid, spec hash, state
+-- JSON, message.
 -- Returns {"ok", code per job ("new" | "same" | "conflict")...}, or a refusal
 -- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
--- | {"budget", retry_after_s}: a refusal writes nothing.
+-- | {"budget", retry_after_s}: a refusal writes only its counter (jobs refused, by
+-- reason, in the stats hash).
 local prefix, tenant = ARGV[1], ARGV[2]
 local ttl, mode = tonumber(ARGV[3]), ARGV[4]
 local max_queued, rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local budget, day, queue = tonumber(ARGV[8]), ARGV[9], ARGV[10]
 local margin, expiry, n = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local now = now_s()
+local function refused(reason, count)
+  local stats = prefix .. 'stats'
+  redis.call('HINCRBY', stats, 'refused|' .. tenant .. '|' .. reason, count)
+  redis.call('EXPIRE', stats, ARGV[14])
+end
 
 local codes, new, conflicts = {}, 0, {}
 for i = 0, n - 1 do
-  local qid, hash = ARGV[14 + 4 * i], ARGV[15 + 4 * i]
+  local qid, hash = ARGV[15 + 4 * i], ARGV[16 + 4 * i]
   local state = redis.call('GET', prefix .. 'job:' .. qid)
   if not state then
     codes[i + 1] = 'new'
@@ -31,22 +38,33 @@ for i = 0, n - 1 do
     end
   end
 end
-if mode == 'all' and #conflicts > 0 then return {'conflict', unpack(conflicts)} end
+if mode == 'all' and #conflicts > 0 then
+  refused('conflict', n)
+  return {'conflict', unpack(conflicts)}
+end
+if #conflicts > 0 then refused('conflict', #conflicts) end
 
 if new > 0 then
   if budget then
     local used = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'cpu_ms') or '0')
-    if used >= budget then return {'budget', tostring(86400 - math.floor(now % 86400))} end
+    if used >= budget then
+      refused('budget', n)
+      return {'budget', tostring(86400 - math.floor(now % 86400))}
+    end
   end
   local pending = prefix .. 'pending:' .. tenant
   local waiting = redis.call('LLEN', pending)
-  if waiting + new > max_queued then return {'queue_full', waiting, max_queued} end
+  if waiting + new > max_queued then
+    refused('queue_full', n)
+    return {'queue_full', waiting, max_queued}
+  end
   if rate then
     local bucket = prefix .. 'bucket:' .. tenant
     local tokens = tonumber(redis.call('HGET', bucket, 'tokens') or burst)
     local last = tonumber(redis.call('HGET', bucket, 'ts') or now)
     tokens = math.min(burst, tokens + (now - last) * rate)
     if tokens < new then
+      refused('rate', n)
       return {'rate', tostring(math.ceil((new - tokens) / rate * 1000))}
     end
     redis.call('HSET', bucket, 'tokens', tostring(tokens - new), 'ts', tostring(now))
@@ -61,9 +79,9 @@ if new > 0 then
   local jobs = prefix .. 'jobs:' .. tenant
   for i = 0, n - 1 do
     if codes[i + 1] == 'new' then
-      local qid = ARGV[14 + 4 * i]
-      redis.call('SET', prefix .. 'job:' .. qid, ARGV[16 + 4 * i], 'EX', ttl)
-      redis.call('SET', prefix .. 'msg:' .. qid, ARGV[17 + 4 * i], 'EX', ttl)
+      local qid = ARGV[15 + 4 * i]
+      redis.call('SET', prefix .. 'job:' .. qid, ARGV[17 + 4 * i], 'EX', ttl)
+      redis.call('SET', prefix .. 'msg:' .. qid, ARGV[18 + 4 * i], 'EX', ttl)
       redis.call('RPUSH', pending, qid)
       redis.call('ZADD', jobs, now + i * 1e-6, qid)  -- one batch listed in its order
     end

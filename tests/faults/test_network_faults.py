@@ -1,0 +1,228 @@
+"""Faults across a network: the farm on hosts (tests/netkit.py) — Redis on a broker host,
+workers on two worker hosts, the client on a fourth — and the network between them
+broken for real. Each test prints its figures: jobs lost, results duplicated, time to
+recover."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from producer.gateway_client import GatewayClient
+from producer.protocol import connect
+from producer.protocol.tenant_store import TenantStore
+from producer.protocol.tenants import Policy
+from sandbox_core import Status
+from tests.farmkit import SANDFARM, Farm, wait_for
+from tests.gatewaykit import exactly_once
+from tests.netkit import (  # noqa: F401
+    Host,
+    Network,
+    RedisHost,
+    counters,
+    elapsed,
+    hosts,
+    results_once,
+    start_worker_on,
+)
+
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]
+FAST = {
+    "SANDFARM_VISIBILITY_TIMEOUT_S": "6",  # a partitioned worker's jobs come back in ~8 s
+    "SANDFARM_REAPER_INTERVAL_S": "1",
+}
+
+
+def jobs(n: int, tag: str, sleep: float = 0.5) -> list[dict]:
+    return [
+        {"id": f"{tag}-{i}", "command": f"sleep {sleep}; echo {i}", "limits": {"timeout_s": 5}}
+        for i in range(n)
+    ]
+
+
+def submit(net: Network, farm: Farm, specs: list[dict]) -> list[str]:
+    def go() -> list[str]:
+        with farm.client() as client:
+            return client.submit_many(specs)
+
+    return net["client"].call(go)
+
+
+def done_count(net: Network, farm: Farm, ids: list[str]) -> int:
+    def count() -> int:
+        with farm.client() as client:
+            return len(client.results(ids))
+
+    return net["client"].call(count)
+
+
+def check_all(results: dict, ids: list[str]) -> None:
+    for i, job_id in enumerate(ids):
+        assert results[job_id].status == Status.SUCCEEDED, results[job_id]
+        assert results[job_id].steps[0].stdout == f"{i}\n"
+
+
+def figures(name: str, **values: object) -> None:
+    print(f"\n[{name}] " + " ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+
+
+def test_farm_runs_across_hosts(hosts: Network, tmp_path: Path) -> None:  # noqa: F811
+    broker = RedisHost(hosts["broker"], tmp_path)
+    broker.start()
+    farm = Farm(broker.url, tmp_path, dict(FAST))
+    try:
+        w1 = start_worker_on(farm, hosts["w1"], "w1")
+        w2 = start_worker_on(farm, hosts["w2"], "w2")
+        ids = submit(hosts, farm, jobs(12, "across", 0.3))
+        results = results_once(hosts["client"], farm, ids, 60)
+        check_all(results, ids)
+        assert {r.worker for r in results.values()} == {w1.name, w2.name}
+    finally:
+        farm.stop()
+        broker.stop()
+
+
+def test_worker_host_partitioned_20s_mid_batch(hosts: Network, tmp_path: Path) -> None:  # noqa: F811
+    broker = RedisHost(hosts["broker"], tmp_path)
+    broker.start()
+    farm = Farm(broker.url, tmp_path, dict(FAST))
+    try:
+        w1 = start_worker_on(farm, hosts["w1"], "w1")
+        start_worker_on(farm, hosts["w2"], "w2")
+        ids = submit(hosts, farm, jobs(40, "part"))
+        wait_for(lambda: done_count(hosts, farm, ids) >= 6, 60, 0.2, "a few jobs done")
+        hosts["w1"].link_down()
+        down_at, all_done = time.monotonic(), None
+        while time.monotonic() - down_at < 20:  # the others carry on meanwhile
+            if all_done is None and done_count(hosts, farm, ids) == len(ids):
+                all_done = elapsed(down_at)
+            time.sleep(0.5)
+        hosts["w1"].link_up()
+        up_at = time.monotonic()
+        results = results_once(hosts["client"], farm, ids, 120)
+        finished = elapsed(up_at)
+        check_all(results, ids)
+
+        # it rejoins: fresh beats again, and it takes jobs of a new batch
+        def w1_runs() -> bool:
+            more = submit(hosts, farm, jobs(8, f"after-{time.monotonic_ns()}", 1.0))
+            late = results_once(hosts["client"], farm, more, 60)
+            return any(r.worker == w1.name for r in late.values())
+
+        wait_for(w1_runs, 90, 0.5, "the partitioned worker runs jobs again")
+        rejoined = elapsed(up_at)
+        seen = counters(hosts["client"], farm)
+        lost = len(set(ids) - set(results))
+        figures(
+            "partition",
+            jobs=len(ids),
+            lost=lost,
+            stored_twice=0,  # collect_once: one result per id, or it fails
+            redeliveries=seen["redeliveries"],
+            late_results_refused=seen["duplicates"],
+            all_done_after_link_down_s=all_done,
+            batch_done_after_link_up_s=finished,
+            rejoined_after_link_up_s=rejoined,
+        )
+        assert lost == 0
+        assert seen["redeliveries"] >= 1  # its jobs ran elsewhere meanwhile
+        assert seen["duplicates"] >= 1  # and its own late results were refused
+        assert w1.proc.poll() is None
+    finally:
+        farm.stop()
+        broker.stop()
+
+
+def test_broker_redis_killed_and_restarted_mid_batch(hosts: Network, tmp_path: Path) -> None:  # noqa: F811
+    broker = RedisHost(hosts["broker"], tmp_path)
+    broker.start()
+    farm = Farm(broker.url, tmp_path, dict(FAST))
+    try:
+        start_worker_on(farm, hosts["w1"], "w1")
+        start_worker_on(farm, hosts["w2"], "w2")
+        ids = submit(hosts, farm, jobs(40, "aof", 0.3))
+        wait_for(lambda: done_count(hosts, farm, ids) >= 6, 60, 0.2, "a few jobs done")
+        broker.kill()  # SIGKILL: only what the AOF holds comes back
+        time.sleep(2)
+        broker.start()
+        up_at = time.monotonic()
+        results = results_once(hosts["client"], farm, ids, 120)
+        figures(
+            "redis-restart",
+            jobs=len(ids),
+            lost=len(set(ids) - set(results)),
+            duplicated=counters(hosts["client"], farm)["duplicates"],
+            batch_done_after_restart_s=elapsed(up_at),
+        )
+        check_all(results, ids)
+    finally:
+        farm.stop()
+        broker.stop()
+
+
+def start_gateway_on(host: Host, farm: Farm, port: int = 8000) -> tuple[str, subprocess.Popen]:
+    """A real `sandfarm gateway` on ``host``, listening on its address."""
+    argv = [SANDFARM, "gateway", "--host", host.address, "--port", str(port)]
+    proc = host.popen(argv, farm.tmp / f"gateway-{host.role}.log", {**os.environ, **farm.env})
+    url = f"http://{host.address}:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, (farm.tmp / f"gateway-{host.role}.log").read_text()
+        try:
+            return host.call(httpx.get, f"{url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, 30, 0.1, f"the gateway on {host.role}")
+    return url, proc
+
+
+def test_gateway_replica_killed_mid_submit(hosts: Network, tmp_path: Path) -> None:  # noqa: F811
+    broker = RedisHost(hosts["broker"], tmp_path)
+    broker.start()
+    farm = Farm(broker.url, tmp_path, dict(FAST))
+    admin = hosts["broker"]
+    try:
+        start_worker_on(farm, hosts["w1"], "w1")
+        start_worker_on(farm, hosts["w2"], "w2")
+        first, doomed = start_gateway_on(hosts["w1"], farm)
+        second, _ = start_gateway_on(hosts["w2"], farm)
+
+        def make_tenant() -> str:
+            store = TenantStore(connect(farm.settings.redis_url), farm.settings.keys)
+            store.add("net", Policy())
+            return store.create_key("net")[0]
+
+        key = admin.call(make_tenant)
+        r = admin.call(connect, farm.settings.redis_url)
+        keys = farm.settings.keys
+        ids = [f"g{i}" for i in range(600)]
+        client = hosts["client"].call(GatewayClient, [first, second], key)
+        sender = hosts["client"].pool.submit(
+            client.submit_many, [{"command": "true", "id": i} for i in ids], batch=50
+        )
+        listed = lambda: admin.call(r.zcard, keys.joblist("net"))  # noqa: E731
+        wait_for(lambda: listed() >= 150, 60, 0.05, "a quarter accepted")
+        at_kill = listed()
+        os.killpg(doomed.pid, signal.SIGKILL)  # requests to it are in flight
+        killed_at = time.monotonic()
+        wait_for(lambda: listed() > at_kill, 60, 0.05, "the other replica takes the rest")
+        failover = elapsed(killed_at)
+        assert sender.result(120) == ids  # the client's retries landed on the other
+        done = hosts["client"].call(
+            lambda: {res.id for res in client.as_completed(ids, timeout=120)}
+        )
+        lost = len(set(ids) - done)
+        doubled = admin.call(r.zcard, keys.joblist("net")) - len(ids)
+        figures("gateway-kill", jobs=len(ids), lost=lost, doubled=doubled, failover_s=failover)
+        admin.call(exactly_once, r, keys, "net", ids)
+        assert lost == 0 and doubled == 0
+    finally:
+        farm.stop()
+        broker.stop()
