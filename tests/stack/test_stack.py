@@ -122,7 +122,7 @@ def test_a_batch_through_the_gateways_shows_in_flower(stack: Stack, batch: dict)
     assert f"w1@{project}" in workers_dom and f"w2@{project}" in workers_dom, workers_dom[-3000:]
 
 
-def test_prometheus_scrapes_every_target_of_the_stack(stack: Stack, batch: dict) -> None:
+def test_prometheus_scrapes_every_target_and_counts_the_batch(stack: Stack, batch: dict) -> None:
     def all_up() -> list | None:
         targets = _prometheus(stack, "/api/v1/targets")["activeTargets"]
         return targets if targets and all(t["health"] == "up" for t in targets) else None
@@ -133,9 +133,28 @@ def test_prometheus_scrapes_every_target_of_the_stack(stack: Stack, batch: dict)
         targets = _prometheus(stack, "/api/v1/targets")["activeTargets"]
         down = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]
         raise AssertionError(f"targets not all up: {down}") from None
-    jobs = {t["labels"]["job"] for t in targets}
-    assert {"prometheus", "gateway"} <= jobs, jobs
-    assert len([t for t in targets if t["labels"]["job"] == "gateway"]) == 2
+    jobs = Counter(t["labels"]["job"] for t in targets)
+    assert jobs == {"prometheus": 1, "gateway": 2, "farm": 1}, jobs
+
+    # The batch's counts, as Prometheus scraped them from the collector.
+    query = 'sum by (status) (sandfarm_jobs_total{tenant="team-a"})'
+    expected = {"succeeded": BATCH - len(FAILING), "failed": len(FAILING)}
+
+    def counted() -> dict | None:
+        rows = _prometheus(stack, "/api/v1/query", query=query)["result"]
+        got = {r["metric"]["status"]: int(float(r["value"][1])) for r in rows}
+        return got if got == expected else None
+
+    try:
+        wait_for(counted, 30, 1, "Prometheus has the batch's counts")
+    except AssertionError:
+        rows = _prometheus(stack, "/api/v1/query", query=query)["result"]
+        raise AssertionError(f"{query}: {rows}, expected {expected}") from None
+    # and the gateways' own series: the batch's submissions by route and code
+    rows = _prometheus(stack, "/api/v1/query", query="sandfarm_gateway_request_seconds_count")[
+        "result"
+    ]
+    assert any(r["metric"].get("code") == "202" for r in rows), rows
 
 
 def test_stack_ports_are_published_on_loopback_only(stack: Stack) -> None:
