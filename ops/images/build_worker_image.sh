@@ -127,11 +127,17 @@ fi
 log "docker build -t $IMAGE -f $DOCKERFILE ($(tr -cd '\0' <"$files" | wc -c) files, hash $inputs_hash)"
 t0=$SECONDS
 # --network host: apt at build time does not depend on the bridge/NAT setup.
-DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} docker build -q --force-rm --network host \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-    --build-arg "PIP_NO_INDEX=$pip_no_index" \
-    --label "sandfarm.inputs-hash=$inputs_hash" \
-    -f "$ctx/$DOCKERFILE" -t "$IMAGE" "$ctx" >/dev/null
+build() {
+    DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} docker build -q --force-rm --network host \
+        --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+        --build-arg "PIP_NO_INDEX=$pip_no_index" \
+        -f "$ctx/$DOCKERFILE" "$@" "$ctx" >/dev/null
+}
+# The legacy builder leaves the build stage as an untagged image (~700 MB) per build:
+# tag the newest (it holds the dependencies' layer cache), prune the earlier ones.
+build --target build -t "${IMAGE%:*}:build-stage"
+build --label "sandfarm.inputs-hash=$inputs_hash" -t "$IMAGE"
 docker image prune -f --filter "label=sandfarm.inputs-hash" >/dev/null 2>&1 || true
+docker image prune -f --filter "label=sandfarm.stage=worker-build" >/dev/null 2>&1 || true
 size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
 log "built $IMAGE ($((size / 1024 / 1024)) MB) in $((SECONDS - t0)) s"
