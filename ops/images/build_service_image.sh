@@ -4,7 +4,7 @@
 # build_sandbox_image.sh makes (Debian packages come through apt inside the build).
 #
 # Idempotent: the image carries sandfarm.inputs-hash over this script, the NAME
-# directory and the base image's id; an image with the same hash is kept.
+# directory and the base image's id (common.sh); an image with the same hash is kept.
 #
 # Usage: build_service_image.sh NAME     (SANDFARM_FORCE_REBUILD=1 builds anyway)
 set -euo pipefail
@@ -13,6 +13,8 @@ log() { printf '[build_service_image] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 NAME=${1:?usage: build_service_image.sh NAME}
 CONTEXT="$HERE/$NAME"
 IMAGE="sandfarm/$NAME:latest"
@@ -31,12 +33,7 @@ inputs_hash=$(
         docker image inspect "$BASE_IMAGE" --format '{{.Id}}'
     } | sha256sum | cut -c1-16
 )
-current=$(docker image inspect "$IMAGE" \
-    --format '{{ index .Config.Labels "sandfarm.inputs-hash" }}' 2>/dev/null || true)
-if [ "${SANDFARM_FORCE_REBUILD:-0}" != 1 ] && [ "$current" = "$inputs_hash" ]; then
-    log "$IMAGE is up to date (sandfarm.inputs-hash=$inputs_hash)"
-    exit 0
-fi
+up_to_date "$IMAGE" "$inputs_hash" && exit 0
 
 log "docker build -t $IMAGE (FROM $BASE_IMAGE, sandfarm.inputs-hash=$inputs_hash)"
 t0=$SECONDS
@@ -45,6 +42,4 @@ DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} docker build -q --force-rm --network host 
     --build-arg "BASE_IMAGE=$BASE_IMAGE" \
     --label "sandfarm.inputs-hash=$inputs_hash" \
     -t "$IMAGE" "$CONTEXT" >/dev/null
-docker image prune -f --filter "label=sandfarm.inputs-hash" >/dev/null 2>&1 || true
-size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
-log "built $IMAGE ($((size / 1024 / 1024)) MB) in $((SECONDS - t0)) s"
+built "$IMAGE" "$t0"

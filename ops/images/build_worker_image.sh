@@ -17,6 +17,8 @@ log() { printf '[build_worker_image] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 ROOT=$(cd "$HERE/../.." && pwd)
 IMAGE=${SANDFARM_WORKER_IMAGE:-sandfarm/worker:latest}
 SUITE=${SANDFARM_SUITE:-bookworm}
@@ -61,12 +63,7 @@ inputs_hash=$(
         docker image inspect "$BASE_IMAGE" --format '{{.Id}}'
     } | sha256sum | cut -c1-16
 )
-current=$(docker image inspect "$IMAGE" \
-    --format '{{ index .Config.Labels "sandfarm.inputs-hash" }}' 2>/dev/null || true)
-if [ "${SANDFARM_FORCE_REBUILD:-0}" != 1 ] && [ "$current" = "$inputs_hash" ]; then
-    log "$IMAGE is up to date (sandfarm.inputs-hash=$inputs_hash)"
-    exit 0
-fi
+up_to_date "$IMAGE" "$inputs_hash" && exit 0
 
 # Stage the context: the repository's files plus a wheelhouse.
 ctx=$(mktemp -d)
@@ -137,7 +134,5 @@ build() {
 # tag the newest (it holds the dependencies' layer cache), prune the earlier ones.
 build --target build -t "${IMAGE%:*}:build-stage"
 build --label "sandfarm.inputs-hash=$inputs_hash" -t "$IMAGE"
-docker image prune -f --filter "label=sandfarm.inputs-hash" >/dev/null 2>&1 || true
 docker image prune -f --filter "label=sandfarm.stage=worker-build" >/dev/null 2>&1 || true
-size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
-log "built $IMAGE ($((size / 1024 / 1024)) MB) in $((SECONDS - t0)) s"
+built "$IMAGE" "$t0"
