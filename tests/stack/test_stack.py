@@ -195,6 +195,34 @@ def test_stack_jobs_run_sandboxed_inside_the_privileged_workers(stack: Stack) ->
     assert int(caps, 16) == 0 and reached == "False", result.steps[0].stdout
 
 
+def test_stack_workers_run_bwrap_and_docker_jobs(stack: Stack) -> None:
+    """Every backend works inside the worker containers: bwrap's namespaces and proc
+    mount, the host engine's containers (with the kernel's exit status: 137 is an exit
+    code, not a SIGKILL)."""
+    stack.check("sandfarm", "tenant", "add", "team-all", "--backends", "process,bwrap,docker")
+    out = stack.check("sandfarm", "tenant", "key", "create", "team-all")
+    key = next(line for line in out.splitlines() if line.startswith("sf_"))
+    specs = {b: {"backend": b, "command": "id -u; exit 137"} for b in ("bwrap", "docker")}
+    with GatewayClient(stack.url("SANDFARM_STACK_GATEWAY2_PORT"), key) as client:
+        ids = {b: client.submit(spec) for b, spec in specs.items()}
+        results = {b: client.result(i, timeout=180) for b, i in ids.items()}
+    for backend, result in results.items():
+        assert result is not None and result.backend == backend, result
+        step = result.steps[0]
+        assert (result.status.value, step.exit_code, step.signal) == ("failed", 137, None), result
+        assert int(step.stdout.split()[0]) >= 61000, step.stdout
+
+
+def test_stack_metrics_need_the_token(stack: Stack) -> None:
+    url = stack.url("SANDFARM_STACK_GATEWAY1_PORT") + "/metrics"
+    assert httpx.get(url, timeout=10).status_code == 401
+    token = stack.env["SANDFARM_METRICS_TOKEN"]
+    wrong = httpx.get(url, headers={"Authorization": "Bearer x"}, timeout=10)
+    assert wrong.status_code == 401
+    good = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert good.status_code == 200 and "sandfarm_gateway_request_seconds" in good.text
+
+
 def test_stack_docker_socket_only_in_the_workers(stack: Stack) -> None:
     """The engine's socket (root on the host) is in the worker containers, never in
     the tenant-facing gateways, Flower or Prometheus."""
