@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup services demo test lint format bench clean readme
+.PHONY: setup services demo test lint format bench clean readme stack stack-down test-stack
 
 $(STAMP): pyproject.toml
 	ops/setup.sh
@@ -44,6 +44,18 @@ format: setup
 
 test: services lint
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The whole farm in containers (docker-compose.yml, ops/stack.sh); README "The stack".
+stack:
+	ops/stack.sh up
+
+stack-down:  # VOLUMES=1 also removes the named data volumes (Redis, Prometheus)
+	ops/stack.sh down $(if $(filter 1,$(VOLUMES)),--volumes)
+
+# The stack end to end: up from clean, a batch through the gateway, Flower in Chromium,
+# Prometheus, down (tests/stack/, which plain `make test` leaves out).
+test-stack: setup
+	SANDFARM_TEST_STACK=1 $(BIN)/pytest -q -p no:cacheprovider -s tests/stack $(PYTEST_ARGS)
 
 bench: services
 	$(BIN)/python ops/bench/sandbox_overhead.py

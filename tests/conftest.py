@@ -10,6 +10,10 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# The compose stack's tests bring the whole farm up in containers: only `make test-stack`
+# (SANDFARM_TEST_STACK=1) collects them, never a plain `make test`.
+collect_ignore = [] if os.environ.get("SANDFARM_TEST_STACK") == "1" else ["stack"]
+
 
 def require(condition: bool, reason: str) -> None:
     """Skip (locally) or fail (in CI) when a real service the test needs is missing."""

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build the worker image (default sandfarm/worker:latest) from ops/images/worker/Dockerfile.
 #
-# The build context is the repository, restricted to files git tracks or does not
-# ignore (no .git, .venv, caches), streamed as a tar. Idempotent: the image carries the
+# The build context is what the image installs (CONTEXT_PATHS: the packages, their
+# metadata, this image's directory), restricted to files git tracks or does not ignore
+# (no .git, .venv, caches), streamed as a tar: an edit of the tests or docs keeps the
+# image. Idempotent: the image carries the
 # label sandfarm.inputs-hash over that file set; an image with the same hash is kept.
 #
 # Environment:
@@ -15,6 +17,8 @@ log() { printf '[build_worker_image] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 ROOT=$(cd "$HERE/../.." && pwd)
 IMAGE=${SANDFARM_WORKER_IMAGE:-sandfarm/worker:latest}
 SUITE=${SANDFARM_SUITE:-bookworm}
@@ -49,7 +53,9 @@ context_files() {
 
 files=$(mktemp)
 trap 'rm -f "$files"' EXIT
-context_files | LC_ALL=C sort -z >"$files"
+# What the image needs: pyproject.toml names README.md as the package's readme.
+CONTEXT_PATHS='^(pyproject\.toml|README\.md|sandbox_core/|producer/|worker/|ops/images/worker/)'
+context_files | grep -zE "$CONTEXT_PATHS" | LC_ALL=C sort -z >"$files"
 
 inputs_hash=$(
     {
@@ -57,12 +63,7 @@ inputs_hash=$(
         docker image inspect "$BASE_IMAGE" --format '{{.Id}}'
     } | sha256sum | cut -c1-16
 )
-current=$(docker image inspect "$IMAGE" \
-    --format '{{ index .Config.Labels "sandfarm.inputs-hash" }}' 2>/dev/null || true)
-if [ "${SANDFARM_FORCE_REBUILD:-0}" != 1 ] && [ "$current" = "$inputs_hash" ]; then
-    log "$IMAGE is up to date (sandfarm.inputs-hash=$inputs_hash)"
-    exit 0
-fi
+up_to_date "$IMAGE" "$inputs_hash" && exit 0
 
 # Stage the context: the repository's files plus a wheelhouse.
 ctx=$(mktemp -d)
@@ -123,11 +124,15 @@ fi
 log "docker build -t $IMAGE -f $DOCKERFILE ($(tr -cd '\0' <"$files" | wc -c) files, hash $inputs_hash)"
 t0=$SECONDS
 # --network host: apt at build time does not depend on the bridge/NAT setup.
-DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} docker build -q --force-rm --network host \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-    --build-arg "PIP_NO_INDEX=$pip_no_index" \
-    --label "sandfarm.inputs-hash=$inputs_hash" \
-    -f "$ctx/$DOCKERFILE" -t "$IMAGE" "$ctx" >/dev/null
-docker image prune -f --filter "label=sandfarm.inputs-hash" >/dev/null 2>&1 || true
-size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
-log "built $IMAGE ($((size / 1024 / 1024)) MB) in $((SECONDS - t0)) s"
+build() {
+    DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} docker build -q --force-rm --network host \
+        --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+        --build-arg "PIP_NO_INDEX=$pip_no_index" \
+        -f "$ctx/$DOCKERFILE" "$@" "$ctx" >/dev/null
+}
+# The legacy builder leaves the build stage as an untagged image (~700 MB) per build:
+# tag the newest (it holds the dependencies' layer cache), prune the earlier ones.
+build --target build -t "${IMAGE%:*}:build-stage"
+build --label "sandfarm.inputs-hash=$inputs_hash" -t "$IMAGE"
+docker image prune -f --filter "label=sandfarm.stage=worker-build" >/dev/null 2>&1 || true
+built "$IMAGE" "$t0"

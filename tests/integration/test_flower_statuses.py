@@ -9,45 +9,20 @@ import shutil
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.browserkit import ARTIFACTS, chromium
 from tests.conftest import require
 from tests.farmkit import SANDFARM, Farm, farm_db, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
-ARTIFACTS = Path(
-    os.environ.get("SANDFARM_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
-)
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Debian's chromium, headless, with nothing that would reach out of this machine."""
-    return subprocess.run(
-        [
-            "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={ARTIFACTS / 'chromium-profile'}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture
