@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT_NAME = "sandfarm"
 CPU_PERIOD_US = 100_000  # the CFS period the CPU quota is a share of
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # where root's tools come from
 
 
 @dataclass(frozen=True)
@@ -162,11 +164,17 @@ def favor_dynmods() -> str | None:
         return "no cgroup2 mount" if mount is None else "not root"
     if favors_dynmods():
         return None
+    # mount(8) keeps the mount's other options (a bare mount(2) MS_REMOUNT would reset
+    # nosuid/nodev/noexec); found on a fixed system PATH, never the caller's
+    tool = shutil.which("mount", path=SYSTEM_PATH)
+    if tool is None:
+        return f"no mount(8) on {SYSTEM_PATH}"
     done = subprocess.run(
-        ["mount", "-o", "remount,favordynmods", str(mount)],
+        [tool, "-o", "remount,favordynmods", str(mount)],
         capture_output=True,
         text=True,
         check=False,
+        env={"PATH": SYSTEM_PATH, "LC_ALL": "C"},
     )
     if done.returncode != 0 or not favors_dynmods():
         return (done.stderr.strip() or "the kernel ignored it") + f" ({mount})"

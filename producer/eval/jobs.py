@@ -3,11 +3,13 @@ the verdict nonce on stdin), and the verdict read back from its result."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
 import os
 import secrets
+import stat
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -32,19 +34,13 @@ class Keyring:
 
     @classmethod
     def at(cls, path: Path) -> Keyring:
+        """The key at ``path``, made on first use. An existing one counts only as a
+        regular file of this user's, private to it: whoever could plant or read the key
+        could forge every verdict of the run (and its resumed results)."""
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
-            try:
-                key = bytes.fromhex(path.read_text().strip())
-            except (OSError, ValueError) as exc:
-                reason = getattr(exc, "strerror", None) or "not the hex key sandfarm wrote"
-                raise SpecError(
-                    str(path), f"{reason} (delete it to start the run afresh)"
-                ) from None
-            if len(key) < 16:
-                raise SpecError(str(path), "too short a key (delete it to start afresh)") from None
-            return cls(key)
+            return cls(_read_private_key(path))
         key = secrets.token_bytes(32)
         with os.fdopen(fd, "w") as fh:
             fh.write(key.hex() + "\n")
@@ -52,6 +48,33 @@ class Keyring:
 
     def mac(self, *parts: object) -> str:
         return hmac.new(self.key, json.dumps(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def _read_private_key(path: Path) -> bytes:
+    afresh = "(delete it, and its _farm.jsonl, to start the run afresh)"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        reason = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise SpecError(str(path), f"{reason} {afresh}") from None
+    with os.fdopen(fd) as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecError(str(path), f"not a regular file {afresh}")
+        if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise SpecError(
+                str(path),
+                f"not private to this user (owner uid {info.st_uid},"
+                f" mode {stat.S_IMODE(info.st_mode):o}) {afresh}",
+            )
+        text = fh.read(1000)
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise SpecError(str(path), f"not the hex key sandfarm wrote {afresh}") from None
+    if len(key) < 16:
+        raise SpecError(str(path), f"too short a key {afresh}")
+    return key
 
 
 def sample_spec(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from producer.batch import BatchClient, BatchInput, BatchReport, Defaults, read_
 from producer.batch.passk import DEFAULT_KS, pass_at_k
 from producer.eval.jobs import PASSED, Keyring, sample_spec, verdict
 from producer.eval.problems import Problem, read_samples
+from sandbox_core import SpecError
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def run_eval(
     sample has a verdict (else the raw results stay for a rerun to resume)."""
     paths = EvalPaths(samples_path)
     samples = read_samples(samples_path, problems)
+    if paths.farm.is_symlink():  # appended to: a link would aim our writes elsewhere
+        raise SpecError(str(paths.farm), "a symlink: give the samples their own directory")
     keys = Keyring.at(paths.key)
     ids: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sandfarm-eval-") as tmp:
@@ -105,13 +109,18 @@ def run_eval(
         if isinstance(record.get("id"), str):
             records[record["id"]] = record
     per_task: dict[str, list[bool]] = {}
-    with paths.results.open("w", encoding="utf-8") as out:
+    # written beside, then renamed over: a symlink planted at the name is replaced, its
+    # target never written, and a reader never sees half a file
+    fd, tmp_name = tempfile.mkstemp(prefix=".results-", dir=paths.results.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
         for sample, job_id in zip(samples, ids, strict=True):
             result = verdict(records[job_id], keys)
             passed = result == PASSED
             report.verdicts[result.split(":", 1)[0]] += 1
             per_task.setdefault(sample.task_id, []).append(passed)
             out.write(json.dumps({**sample.record, "result": result, "passed": passed}) + "\n")
+    os.chmod(tmp_name, 0o644)
+    os.replace(tmp_name, paths.results)
     report.tasks = len(per_task)
     totals = [len(v) for v in per_task.values()]
     report.pass_at_k = pass_at_k(totals, [sum(v) for v in per_task.values()], ks)

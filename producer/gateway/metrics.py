@@ -10,7 +10,7 @@ faces tenants, and the farm's traffic is the operator's business.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -26,6 +26,16 @@ Send = Callable[[Message], Awaitable[None]]
 # long-polls wait up to 60 s: the buckets reach past that
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 90.0)
 UNMATCHED = "unmatched"  # a path no route serves (404s of scanners): one label, not many
+
+
+# The method is the client's to choose (h11 takes any token): a fixed set keeps the
+# label's cardinality bounded however many methods a client invents.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(scope: Mapping[str, Any]) -> str:
+    method = str(scope.get("method", ""))
+    return method if method in METHODS else "other"
 
 
 class RequestMetrics:
@@ -52,7 +62,7 @@ class RequestMetrics:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED
-            self.histogram.labels(template, scope.get("method", ""), code[0]).observe(
+            self.histogram.labels(template, method_label(scope), code[0]).observe(
                 time.perf_counter() - started
             )
 

@@ -44,7 +44,9 @@ def token_ok(header: str | None, token: str) -> bool:
     if not token:
         return True
     scheme, _, given = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+    # bytes: compare_digest refuses non-ASCII str, and headers arrive as latin-1
+    offered = given.strip().encode("utf-8", "surrogateescape")
+    return scheme.lower() == "bearer" and hmac.compare_digest(offered, token.encode())
 
 
 def server(settings: Settings, host: str, port: int) -> ThreadingHTTPServer:

@@ -75,12 +75,18 @@ def redact(url: str) -> str:
     if "://" not in url:
         return url
     scheme, rest = url.split("://", 1)
-    netloc, slash, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{hosts}{slash}{path}"
+    rest, question, query = rest.partition("?")
+    if question:  # redis-py also takes ?password= (its form for unix:// sockets)
+        pairs = [pair.partition("=") for pair in query.split("&")]
+        query = "&".join(
+            f"{name}{eq}{'***' if name.lower() == 'password' and value else value}"
+            for name, eq, value in pairs
+        )
+    # the last "@" ends the userinfo, even when an unencoded "/" sits in the password
+    userinfo, at, after = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
+    return f"{scheme}://{rest}{question}{query}"
 
 
 def kombu_broker(url: str) -> tuple[str, dict[str, object]]:

@@ -14,7 +14,10 @@ from matplotlib.figure import Figure
 
 from producer.report.data import ReportData
 
-matplotlib.rcParams.update({"svg.fonttype": "path", "svg.hashsalt": "sandfarm", "font.size": 9})
+matplotlib.rcParams.update(
+    # parse_math off: a job's label like "$\\frac$" is text, not mathtext to fail on
+    {"svg.fonttype": "path", "svg.hashsalt": "sandfarm", "font.size": 9, "text.parse_math": False}
+)
 STATUS_COLORS = {
     "succeeded": "#2e7d32",
     "failed": "#c62828",

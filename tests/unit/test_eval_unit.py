@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -144,5 +145,28 @@ def test_cli_bad_samples_are_one_line_exit_2(tmp_path: Path):
 
 def test_a_damaged_key_file_is_one_error(tmp_path: Path):
     (tmp_path / "key").write_text("not hex\n")
-    with pytest.raises(SpecError, match="delete it to start the run afresh"):
+    (tmp_path / "key").chmod(0o600)
+    with pytest.raises(SpecError, match=r"not the hex key sandfarm wrote \(delete it"):
         Keyring.at(tmp_path / "key")
+
+
+def test_a_planted_key_is_refused(tmp_path: Path):
+    """Whoever plants the key beside the samples could forge every verdict of the run
+    and of its resumed results: only a regular file of ours, private to us, counts."""
+    made = Keyring.at(tmp_path / "key")  # ours: reused as it is
+    assert Keyring.at(tmp_path / "key").key == made.key
+    readable = tmp_path / "readable"
+    readable.write_text(bytes(32).hex() + "\n")
+    readable.chmod(0o644)
+    with pytest.raises(SpecError, match="not private to this user"):
+        Keyring.at(readable)
+    (tmp_path / "link").symlink_to(tmp_path / "key")
+    with pytest.raises(SpecError, match="a symlink"):
+        Keyring.at(tmp_path / "link")
+    if os.geteuid() == 0:  # another user's file, mode 0600 and all
+        theirs = tmp_path / "theirs"
+        theirs.write_text(bytes(32).hex() + "\n")
+        theirs.chmod(0o600)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(SpecError, match="owner uid 65534"):
+            Keyring.at(theirs)

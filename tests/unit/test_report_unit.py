@@ -44,3 +44,12 @@ def test_hostile_job_text_is_escaped_everywhere(tmp_path: Path):
     for plot in ("status_mix", "run_time", "queue_wait", "phases", "pass_at_k"):
         start = page.index(f'data-plot="{plot}"')
         assert page[start : start + 200].count("<svg") == 1, plot
+
+
+def test_mathtext_in_job_labels_is_plain_text(tmp_path: Path):
+    """matplotlib would parse "$...$" in a label as math and fail the whole report."""
+    rows = [_record(i, "succeeded", labels={"task": "$\\frac$" if i else "$x^$"}) for i in range(4)]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = render(load(path))
+    assert page.count("<svg") >= 4 and "$\\frac$" in page

@@ -36,5 +36,14 @@ def test_counters_of_unknown_tenants_and_odd_fields_are_left_out() -> None:
 def test_tokens_and_loopback() -> None:
     assert token_ok(None, "") and token_ok("Bearer t", "t") and token_ok("bearer t", "t")
     assert not token_ok(None, "t") and not token_ok("Bearer u", "t") and not token_ok("t", "t")
+    assert not token_ok("Bearer \xe9", "t")  # non-ASCII (latin-1 headers): refused, no 500
     assert loopback("127.0.0.1") and loopback("::1") and loopback("localhost")
     assert not loopback("0.0.0.0") and not loopback("10.0.0.1") and not loopback("example")
+
+
+def test_request_methods_a_client_invents_share_one_label() -> None:
+    from producer.gateway.metrics import method_label
+
+    assert method_label({"method": "GET"}) == "GET" and method_label({"method": "POST"}) == "POST"
+    invented = {method_label({"method": f"ZZ{i}"}) for i in range(100)}
+    assert invented == {"other"} and method_label({}) == "other"

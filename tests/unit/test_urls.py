@@ -39,6 +39,9 @@ def test_passwords_are_hidden_in_every_scheme() -> None:
     assert redact("sentinel://:pw@h1:1,h2:2/m") == "sentinel://:***@h1:1,h2:2/m"
     assert redact("redis://user:pw@h:6379/0") == "redis://user:***@h:6379/0"
     assert redact("redis://h:6379/0") == "redis://h:6379/0"
+    assert redact("redis://h:1/0?password=hunter2") == "redis://h:1/0?password=***"
+    assert redact("unix:///r.sock?db=0&password=x") == "unix:///r.sock?db=0&password=***"
+    assert redact("redis://:hun/ter2@h:1/0") == "redis://:***@h:1/0"  # "/" in the password
     with pytest.raises(ValidationError) as caught:
         Settings(redis_url="sentinel://:hunter2@h1/m")
     message = caught.value.errors(include_url=False)[0]["msg"]  # what the CLI prints
