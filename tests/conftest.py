@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# A suite started in the background (`cmd &` in a script, nohup) inherits SIGINT
+# ignored, and so would every CLI the tests Ctrl-C: a handler of our own (unlike an
+# ignored signal) is reset to the default in the children they exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The compose stack's tests bring the whole farm up in containers: only `make test-stack`
 # (SANDFARM_TEST_STACK=1) collects them, never a plain `make test`.
