@@ -13,13 +13,16 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -271,3 +274,70 @@ def make_farm(farm_db: str, tmp_path: Path, is_root: bool):
     yield make
     for farm in farms:
         farm.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_flower(farm: Farm) -> Iterator[str]:
+    """`sandfarm flower --api` on a free loopback port, up and already receiving the
+    farm's task events (it sees only events sent after it subscribed): its base URL."""
+    import requests
+
+    log = farm.tmp / "flower.log"
+    with open(log, "wb") as out:
+        flower = subprocess.Popen(
+            [SANDFARM, "flower", "--port", str(port := free_port()), "--api"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **farm.env},
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert flower.poll() is None, log.read_text()
+        try:
+            return bool(requests.get(f"{base}/healthcheck", timeout=2).ok)
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_for(up, 30, 0.2, "flower up")
+        with farm.client() as client:
+
+            def listening() -> bool:
+                probe = client.submit({"command": "true"})
+                client.result(probe, timeout=10)
+                time.sleep(0.5)
+                tasks = requests.get(f"{base}/api/tasks", timeout=10).json()
+                return client.jobs.qid(probe) in tasks  # Celery's task id: "tenant/id"
+
+            wait_for(listening, 40, 0.1, "flower receiving events")
+        yield base
+    finally:
+        os.killpg(flower.pid, signal.SIGTERM)
+        flower.wait(10)
+
+
+def module_farm(name: str, slots: int = 2) -> Any:
+    """A module-scoped ``farm`` fixture: one worker named ``name`` with ``slots`` slots,
+    in the session's DB (``farm_db``), stopped after the module."""
+
+    @pytest.fixture(scope="module")
+    def farm(farm_db: str, tmp_path_factory: Any, is_root: bool) -> Iterator[Farm]:
+        from tests.conftest import require
+
+        require(is_root, "the farm's sandbox slots need root (per-slot uids)")
+        one = Farm(farm_db, tmp_path_factory.mktemp(name))
+        try:
+            one.start_worker(name, slots)
+            yield one
+        finally:
+            one.stop()
+
+    return farm

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,13 +19,7 @@ import pytest
 from producer.protocol import FarmScripts, connect
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import Policy
-from tests.farmkit import SANDFARM, Farm, make_farm, wait_for  # noqa: F401
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.farmkit import SANDFARM, Farm, free_port, make_farm, wait_for  # noqa: F401
 
 
 @dataclass

@@ -156,6 +156,23 @@ def enqueue_rate(settings: Settings, n: int) -> tuple[float, float]:
     return n / elapsed, (after - before) / n
 
 
+def own_farm(name: str = "bench", **extra_env: str) -> tuple[dict[str, str], Settings]:
+    """A queue and key prefix of this run's own on the configured Redis: the worker's
+    environment and the same settings for this process's clients."""
+    tag = uuid.uuid4().hex[:6]
+    base = get_settings()
+    env = {
+        "SANDFARM_REDIS_URL": base.redis_url,
+        "SANDFARM_QUEUE": f"{name}-{tag}",
+        "SANDFARM_KEY_PREFIX": f"{name}-{tag}:",
+        **extra_env,
+    }
+    settings = get_settings(
+        redis_url=base.redis_url, queue=env["SANDFARM_QUEUE"], key_prefix=env["SANDFARM_KEY_PREFIX"]
+    )
+    return env, settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", type=int, default=2000, help="jobs per throughput run")
@@ -172,20 +189,10 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("needs root: the worker runs jobs in per-slot uids")
 
-    tag = uuid.uuid4().hex[:6]
-    base = get_settings()
-    env = {
-        "SANDFARM_REDIS_URL": base.redis_url,
-        "SANDFARM_QUEUE": f"bench-{tag}",
-        "SANDFARM_KEY_PREFIX": f"bench-{tag}:",
-    }
-    if args.prefetch:
-        env["SANDFARM_PREFETCH_MULTIPLIER"] = str(args.prefetch)
+    extra = {"SANDFARM_PREFETCH_MULTIPLIER": str(args.prefetch)} if args.prefetch else {}
     if args.no_events:
-        env["SANDFARM_TASK_EVENTS"] = "0"
-    settings = get_settings(
-        redis_url=base.redis_url, queue=env["SANDFARM_QUEUE"], key_prefix=env["SANDFARM_KEY_PREFIX"]
-    )
+        extra["SANDFARM_TASK_EVENTS"] = "0"
+    env, settings = own_farm(**extra)
     n, par = args.n, args.concurrency
     print(
         f"# {n} jobs, concurrency {par}, prefetch x{args.prefetch or 1},"

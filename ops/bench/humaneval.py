@@ -26,14 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from breakdown import breakdown
-from farm_throughput import SANDFARM, cleanup, start_worker, stop_worker
+from farm_throughput import SANDFARM, cleanup, own_farm, start_worker, stop_worker
 
 from producer.batch import read_results
-from producer.protocol import get_settings
 from sandbox_core import JobResult
 
 HARNESS = (
@@ -100,16 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: the worker runs jobs in per-slot uids")
-    tag = uuid.uuid4().hex[:6]
-    base = get_settings()
-    env = {
-        "SANDFARM_REDIS_URL": base.redis_url,
-        "SANDFARM_QUEUE": f"bench-{tag}",
-        "SANDFARM_KEY_PREFIX": f"bench-{tag}:",
-    }
-    settings = get_settings(
-        redis_url=base.redis_url, queue=env["SANDFARM_QUEUE"], key_prefix=env["SANDFARM_KEY_PREFIX"]
-    )
+    env, settings = own_farm()
     work = Path(tempfile.mkdtemp(prefix="sandfarm-bench-he-"))
     ours, theirs = work / "farm" / "samples.jsonl", work / "harness" / "samples.jsonl"
     for path in (ours, theirs):

@@ -25,11 +25,10 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from farm_throughput import cleanup, enqueue_rate, start_worker, stop_worker
+from farm_throughput import cleanup, enqueue_rate, own_farm, start_worker, stop_worker
 
 from producer.protocol import connect, get_settings
 
@@ -45,16 +44,7 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def batch(n: int, concurrency: int) -> None:
-    tag = uuid.uuid4().hex[:6]
-    base = get_settings()
-    env = {
-        "SANDFARM_REDIS_URL": base.redis_url,
-        "SANDFARM_QUEUE": f"scale-{tag}",
-        "SANDFARM_KEY_PREFIX": f"scale-{tag}:",
-    }
-    settings = get_settings(
-        redis_url=base.redis_url, queue=env["SANDFARM_QUEUE"], key_prefix=env["SANDFARM_KEY_PREFIX"]
-    )
+    env, settings = own_farm("scale")
     work = Path(tempfile.mkdtemp(prefix="sandfarm-scale-"))
     jobs, out = work / "jobs.jsonl", work / "results.jsonl"
     with jobs.open("w") as fh:

@@ -29,17 +29,16 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from farm_throughput import cleanup, start_worker, stop_worker
+from farm_throughput import cleanup, own_farm, start_worker, stop_worker
 
 from producer.client import FarmClient
 from producer.gateway_client import GatewayClient
-from producer.protocol import FarmScripts, connect, get_settings
+from producer.protocol import FarmScripts, connect
 from producer.protocol.scripts import utc_day
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import Policy
@@ -61,16 +60,7 @@ def percentile(values: list[float], q: float) -> float:
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        tag = uuid.uuid4().hex[:6]
-        base = get_settings()
-        self.env = {
-            "SANDFARM_REDIS_URL": base.redis_url,
-            "SANDFARM_QUEUE": f"bench-{tag}",
-            "SANDFARM_KEY_PREFIX": f"bench-{tag}:",
-        }
-        self.settings = get_settings(
-            redis_url=base.redis_url, queue=f"bench-{tag}", key_prefix=f"bench-{tag}:"
-        )
+        self.env, self.settings = own_farm()
         self.redis = connect(self.settings.redis_url)
         self.store = TenantStore(self.redis, self.settings.keys)
         self.scripts = FarmScripts(self.redis, self.settings)

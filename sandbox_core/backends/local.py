@@ -189,10 +189,12 @@ class LocalBackend(Backend):
         self.python = config.python
         self.exec_helper = find_exec_helper(config.exec_helper)
         self.is_root = os.geteuid() == 0
+        self.favors_dynmods: bool | None = None  # read once: it changes only by a remount
         if self.is_root:
             become_subreaper()
             if config.favor_dynmods:
                 cgroups.favor_dynmods()
+            self.favors_dynmods = cgroups.favors_dynmods()
         self.slots = slots.SlotPool(config.slot, config.workspace_dir)
 
     @contextlib.contextmanager
@@ -266,7 +268,7 @@ class LocalBackend(Backend):
 
     def cgroup_attach_protection(self) -> Protection:
         """Not a protection but its price: without favordynmods each step waits ~8 ms."""
-        favored = cgroups.favors_dynmods() if self.is_root else None
+        favored = self.favors_dynmods
         if favored:
             return Protection("fast_cgroup_attach", True, "cgroup2 mounted with favordynmods")
         why = (

@@ -13,22 +13,12 @@ from pathlib import Path
 import pytest
 
 from sandbox_core import Status
-from tests.farmkit import SANDFARM, Farm, collect_once, farm_db  # noqa: F401
+from tests.farmkit import SANDFARM, Farm, collect_once, farm_db, module_farm  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def farm(farm_db: str, tmp_path_factory, is_root: bool):  # noqa: F811
-    from tests.conftest import require
-
-    require(is_root, "the farm's sandbox slots need root (per-slot uids)")
-    farm = Farm(farm_db, tmp_path_factory.mktemp("evalfarm"))
-    try:
-        farm.start_worker("eval", 2)
-        yield farm
-    finally:
-        farm.stop()
+farm = module_farm("eval")
 
 
 def test_expected_output_verdicts_through_the_farm(farm: Farm):

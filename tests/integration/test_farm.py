@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -23,6 +22,7 @@ from tests.farmkit import (  # noqa: F401
     collect_once,
     farm_db,
     private_db,
+    running_flower,
     wait_for,
 )
 
@@ -329,46 +329,9 @@ def test_cli_submit_wait(farm: Farm) -> None:
     assert out.returncode == 2 and "id:" in out.stderr, out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_flower_lists_workers_and_tasks_with_summary(farm: Farm) -> None:
     requests = pytest.importorskip("requests")
-    port = _free_port()
-    log = farm.tmp / "flower.log"
-    env = {**os.environ, **farm.env}
-    with open(log, "wb") as out:
-        flower = subprocess.Popen(
-            [SANDFARM, "flower", "--port", str(port), "--api"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-
-        def up() -> bool:
-            assert flower.poll() is None, log.read_text()
-            try:
-                return requests.get(f"{base}/healthcheck", timeout=2).ok
-            except requests.RequestException:
-                return False
-
-        wait_for(up, 30, 0.2, "flower up")
-        with farm.client() as client:
-            # Flower sees only events sent after it subscribed: wait until a probe shows up.
-            def listening() -> bool:
-                probe = client.submit({"command": "true"})
-                client.result(probe, timeout=10)
-                time.sleep(0.5)
-                tasks = requests.get(f"{base}/api/tasks", timeout=10).json()
-                return client.jobs.qid(probe) in tasks  # Celery's task id: "tenant/id"
-
-            wait_for(listening, 40, 0.1, "flower receiving events")
+    with running_flower(farm) as base:
         secret = "print('TOP-SECRET-CODE')"
         with farm.client() as client:
             ids = client.submit_many(
@@ -397,9 +360,6 @@ def test_flower_lists_workers_and_tasks_with_summary(farm: Farm) -> None:
             assert f"job={job_id}" in task["args"]
             assert "steps=[python]" in task["args"] and "team=eval" in task["args"]
             assert "TOP-SECRET" not in str(task)
-    finally:
-        os.killpg(flower.pid, 15)
-        flower.wait(10)
 
 
 def test_private_db_is_isolated(redis_url: str) -> None:

@@ -4,69 +4,28 @@ own status, exit code, duration and the backend that ran it."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import time
 
 import pytest
 
 from tests.browserkit import ARTIFACTS, chromium
 from tests.conftest import require
-from tests.farmkit import SANDFARM, Farm, farm_db, wait_for  # noqa: F401
+from tests.farmkit import SANDFARM, Farm, farm_db, running_flower, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def flower_farm(farm_db: str, tmp_path, is_root: bool):  # noqa: F811
-    requests = pytest.importorskip("requests")
+    pytest.importorskip("requests")
     require(is_root, "the farm's sandbox slots need root")
     require(shutil.which("chromium") is not None, "Debian's chromium is not installed")
     farm = Farm(farm_db, tmp_path)
     worker = farm.start_worker("fl", 2)
-    port = _free_port()
-    log = tmp_path / "flower.log"
-    with open(log, "wb") as out:
-        flower = subprocess.Popen(
-            [SANDFARM, "flower", "--port", str(port), "--api"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **farm.env},
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert flower.poll() is None, log.read_text()
-        try:
-            return bool(requests.get(f"{base}/healthcheck", timeout=2).ok)
-        except requests.RequestException:
-            return False
-
     try:
-        wait_for(up, 30, 0.2, "flower up")
-        with farm.client() as client:  # Flower sees only events sent after it subscribed
-
-            def listening() -> bool:
-                probe = client.submit({"command": "true"})
-                client.result(probe, timeout=10)
-                time.sleep(0.5)
-                tasks = requests.get(f"{base}/api/tasks", timeout=10).json()
-                return client.jobs.qid(probe) in tasks  # Celery's task id: "tenant/id"
-
-            wait_for(listening, 40, 0.1, "flower receiving events")
-        yield farm, worker, base
+        with running_flower(farm) as base:
+            yield farm, worker, base
     finally:
-        os.killpg(flower.pid, 15)
-        flower.wait(10)
         farm.stop()
 
 

@@ -5,7 +5,6 @@ Real Redis, real `sandfarm worker` processes, the real CLI."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -14,22 +13,20 @@ import pytest
 
 from producer.protocol import IdConflictError
 from sandbox_core import Status
-from tests.farmkit import SANDFARM, Farm, farm_db, make_farm, wait_for  # noqa: F401
+from tests.farmkit import (  # noqa: F401
+    SANDFARM,
+    Farm,
+    farm_db,
+    free_port,
+    make_farm,
+    module_farm,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def farm(farm_db: str, tmp_path_factory, is_root: bool):  # noqa: F811
-    from tests.conftest import require
-
-    require(is_root, "the farm's sandbox slots need root (per-slot uids)")
-    farm = Farm(farm_db, tmp_path_factory.mktemp("new-user"))
-    try:
-        farm.start_worker("nu", 2)
-        yield farm
-    finally:
-        farm.stop()
+farm = module_farm("nu")
 
 
 def cli(farm: Farm, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
@@ -145,19 +142,13 @@ def test_a_wait_with_no_worker_is_never_silent(make_farm) -> None:  # noqa: F811
     assert farm.env["SANDFARM_QUEUE"] in out.stderr and "no worker consumes it" in out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     "url",
     ["127.0.0.1:6401", "http://127.0.0.1:6379", "redis://127.0.0.1:{port}/0"],
     ids=["no-scheme", "http", "wrong-port"],
 )
 def test_bad_redis_urls_fail_in_seconds_in_one_line(tmp_path, url: str) -> None:
-    url = url.format(port=_free_port())
+    url = url.format(port=free_port())
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text('{"command": "true"}\n')
     for args in (
