@@ -214,6 +214,21 @@ class RedisHost:
 
         wait_for(up, 15, 0.05, f"redis-server on {self.host.role}")
 
+    def synced(self) -> bool:
+        """A replica holds its primary's data: the link is up and the first full copy is
+        done. Until then a failover promotes an empty Redis (Redis 7 starts a replica's
+        diskless sync 5 s after it connects)."""
+
+        def info() -> dict[str, Any]:
+            client = redis.Redis(host=self.host.address, port=self.port)
+            try:
+                return client.info("replication")
+            finally:
+                client.close()
+
+        state = self.host.call(info)
+        return state.get("master_link_status") == "up" and not state.get("master_sync_in_progress")
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.kill()
