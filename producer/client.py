@@ -25,7 +25,14 @@ from celery import Celery
 from producer.celery_app import make_app
 from producer.farm_status import farm_status
 from producer.jobs import DEFAULT_BATCH, TenantJobs
-from producer.protocol import IdConflictError, QuotaError, Settings, connect, get_settings
+from producer.protocol import (
+    IdConflictError,
+    JobsLostError,
+    QuotaError,
+    Settings,
+    connect,
+    get_settings,
+)
 from producer.protocol.connection import redact
 from producer.protocol.submission import compact_spec
 from producer.protocol.tenants import Policy
@@ -36,6 +43,7 @@ __all__ = ["DEFAULT_BATCH", "FarmClient", "compact_spec"]
 # The trusted tenant is made (when missing) for batch use: a deep queue. Each waiting
 # job holds about 1-2 KB of Redis memory; an operator may lower it (tenant set).
 TRUSTED_MAX_QUEUED = 1_000_000
+LOST_CHECK_S = 10.0  # while a wait is idle, look this often for jobs the farm forgot
 
 
 class FarmClient:
@@ -164,7 +172,8 @@ class FarmClient:
         """Yield each job's result once, as it finishes (those already done first).
 
         Raises TimeoutError if ``timeout`` seconds pass with jobs unfinished (naming the
-        queue and its workers). ``notice`` hears, after a few idle seconds, that no
+        queue and its workers), JobsLostError if the farm holds no record of some of them
+        (they would never finish). ``notice`` hears, after a few idle seconds, that no
         online worker consumes the queue (the wait goes on).
         """
         pending = set(ids)
@@ -173,7 +182,7 @@ class FarmClient:
         for result in self.results(list(pending), batch).values():
             pending.discard(result.id or "")
             yield result
-        last_rescan = time.monotonic()
+        last_rescan = last_check = time.monotonic()
         while pending:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -190,10 +199,24 @@ class FarmClient:
                 # Jobs announced to another client, or an announcement already popped.
                 found = list(self.results(list(pending), batch).values())
                 last_rescan = time.monotonic()
+                if not found and last_rescan - last_check >= LOST_CHECK_S:
+                    self._check_known(pending)
+                    last_check = last_rescan
             for result in found:
                 pending.discard(result.id or "")
                 watch.progress()
                 yield result
+
+    def _check_known(self, pending: set[str]) -> None:
+        """Raise JobsLostError for those of ``pending`` the farm has no record of (state
+        and result are written in one step at admission: none of them means never)."""
+        ordered = sorted(pending)
+        known: set[str] = set()
+        for start in range(0, len(ordered), DEFAULT_BATCH):
+            known |= self.jobs.known(ordered[start : start + DEFAULT_BATCH])
+        lost = [job_id for job_id in ordered if job_id not in known]
+        if lost:
+            raise JobsLostError(lost, self.where())
 
     def consumers(self) -> list[str]:
         """Online workers (fresh heartbeats) that consume this client's queue."""

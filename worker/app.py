@@ -14,9 +14,10 @@ from celery import Celery, signals
 from celery.app import trace
 
 from producer.protocol import Settings, broker_config, get_settings, margins
-from worker import reservation
+from worker import kombu_fixes, reservation
 
 settings: Settings = get_settings()
+kombu_fixes.apply()
 
 # A sandbox worker must be root (cgroups, namespaces, the slot uids; jobs never are), and
 # Celery's superuser warning is about pickled messages, which this worker never accepts.

@@ -21,7 +21,7 @@ from producer.batch.lines import Defaults, LineError, iter_lines, parse, parse_l
 from producer.batch.progress import BatchProgress
 from producer.batch.results import Previous, ResultsWriter, load_previous
 from producer.batch.summary import EXPECT_LABEL, Summary
-from producer.protocol import IdConflictError, InputChangedError
+from producer.protocol import IdConflictError, InputChangedError, JobsLostError
 from sandbox_core import JobResult, JobSpec, SpecError
 
 DEFAULT_CHUNK = 500
@@ -252,6 +252,9 @@ class _Run:
                             break
                 except TimeoutError:
                     pass
+                except JobsLostError as exc:  # they never finish: stop, a rerun resubmits
+                    self.notice(str(exc))
+                    break
                 if deadline is not None and time.monotonic() >= deadline and self.inflight:
                     break
                 if not got_any and self.inflight:

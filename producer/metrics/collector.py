@@ -155,7 +155,7 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
         "wait": defaultdict(dict),
     }
     sums: dict[str, dict[str, float]] = {"run": {}, "wait": {}}
-    redeliveries = 0
+    redeliveries = recovered = 0
     for name, raw in sorted(snap.counters.items()):
         parts = stats.split(name)
         kind = parts[0]
@@ -169,10 +169,17 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
             sums[kind[:-4]][parts[1]] = float(raw)
         elif kind == "redeliveries":
             redeliveries = int(raw)
+        elif kind == "recovered":
+            recovered = int(raw)
     yield jobs
     yield refused
     yield CounterMetricFamily(
         "sandfarm_redeliveries", "Deliveries of a job after its first", value=redeliveries
+    )
+    yield CounterMetricFamily(
+        "sandfarm_recovered_deliveries",
+        "Dispatched messages Redis lost (in no queue, not delivered), pushed again",
+        value=recovered,
     )
     yield CounterMetricFamily(
         "sandfarm_duplicate_results",

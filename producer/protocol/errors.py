@@ -66,6 +66,23 @@ class QuotaError(FarmError, RuntimeError):
         super().__init__(f"tenant {tenant!r}: {message}")
 
 
+class JobsLostError(FarmError, LookupError):
+    """Jobs waited on that the farm holds no record of: no state, no result. They will
+    never finish: never submitted there, expired, or lost with Redis's data (restarted
+    empty, flushed, or failed over to a replica that had no copy yet)."""
+
+    def __init__(self, ids: list[str], where: str) -> None:
+        self.ids = ids
+        self.where = where
+        shown = ", ".join(repr(i) for i in ids[:3]) + (" ..." if len(ids) > 3 else "")
+        super().__init__(
+            f"{len(ids)} jobs are unknown to the farm at {where} ({shown}): never submitted"
+            " there, expired, or lost with its Redis's data (restarted empty, flushed, or"
+            " failed over to a replica without a copy); submit them again (`batch run`"
+            " resumes them: finished lines are kept)"
+        )
+
+
 class InputChangedError(FarmError, RuntimeError):
     """A batch input line changed between validation and submission."""
 

@@ -190,6 +190,7 @@ class FarmScripts:
                 keys.active(tenant) if tenant else "",
                 keys.active_all if tenant else "",
                 keys.stats,
+                keys.message(qid),
             ],
             args=[
                 self.settings.result_ttl_s,

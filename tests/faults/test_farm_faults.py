@@ -189,6 +189,44 @@ def test_redis_restarted_mid_batch_loses_no_queued_job(make_farm, tmp_path: Path
             server.kill()
 
 
+def test_channel_closed_after_broker_loss_is_a_connection_error(tmp_path: Path) -> None:
+    """Why the test above once failed: the worker exited ("Unrecoverable error:
+    AttributeError ... 'hostname'") when kombu closed its channel a second time after
+    the broker went away (worker/kombu_fixes.py). Real kombu, real Redis: a message
+    delivered and not acked, the broker killed, the channel left as the failed first
+    close leaves it; the second close must fail as a connection error (which Celery's
+    cleanup ignores before it reconnects), not as a crash."""
+    from kombu import Connection
+    from kombu.common import ignore_errors
+    from kombu.transport import redis as kombu_redis
+
+    import worker.app  # noqa: F401  (the worker applies the fix at import)
+    from worker import kombu_fixes
+
+    assert kombu_redis.Channel._connparams is kombu_fixes._connparams
+    server = RedisServer(tmp_path)
+    server.start()
+    conn = Connection(server.url)
+    try:
+        queue = conn.SimpleQueue("kombu-close")
+        queue.put({"job": 1})
+        queue.get(timeout=5)  # delivered, not acked: the close will try to restore it
+        channel = queue.channel
+        assert len(channel.qos._delivered) == 1
+        server.kill()
+        channel._disconnect_pools()  # what the first close did before it failed
+        conn._do_close_transport()  # and what collect() did after it
+        with pytest.raises(AttributeError, match="hostname"):  # kombu's own path crashes
+            kombu_fixes._original_connparams(channel)
+        with pytest.raises(redis.ConnectionError):
+            channel._connparams()
+        ignore_errors(conn, channel.close)  # Celery's cleanup: ignored, no crash
+        assert channel.closed
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+
+
 def test_job_killing_its_worker_every_time_ends_error(make_farm) -> None:  # noqa: F811
     """A job cannot signal its worker (another uid, by design), so the test plays the
     job's part: it SIGKILLs the pool process each time the job starts, as an OOM kill

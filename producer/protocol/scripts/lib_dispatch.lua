@@ -39,10 +39,42 @@ local function policy_of(prefix, tenant)
   return {weight = 1}
 end
 
+-- A dispatched job keeps its message (msg:<qid>) until a worker begins it. When its
+-- dispatch entry expires (a visibility timeout after the move) and no attempt has begun,
+-- the message is looked for where it should be: still in the Celery queue, or delivered
+-- and in kombu's unacked hash (keyed by the delivery tag the message carries). Found,
+-- the job stays counted as dispatched; found nowhere (a Redis that died between a
+-- worker's BRPOP and kombu's unacked write forgets the delivery, while the worker that
+-- took the message lost it with its connection), it is pushed again. A job can run twice
+-- this way, never zero times: begin refuses a job with a result, store keeps the first.
+local function recover(prefix, queue, now, expiry_s)
+  local active = prefix .. 'active'
+  local expired = redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, 64)
+  for _, qid in ipairs(expired) do
+    redis.call('ZREM', active, qid)
+    local msg = redis.call('GET', prefix .. 'msg:' .. qid)
+    if msg and redis.call('EXISTS', prefix .. 'result:' .. qid) == 0 then
+      local ok, m = pcall(cjson.decode, msg)
+      local tag = ok and type(m) == 'table' and type(m.properties) == 'table'
+        and m.properties.delivery_tag
+      -- 'unacked': kombu's default unacked_key (protocol/keys.py KOMBU_UNACKED)
+      local delivered = tag and redis.call('HEXISTS', 'unacked', tag) == 1
+      local queued = redis.call('LPOS', queue, msg)
+      if not delivered and not queued then
+        redis.call('LPUSH', queue, msg)
+        redis.call('HINCRBY', prefix .. 'stats', 'recovered', 1)
+      end
+      local tenant = string.match(qid, '^([^/]+)/')
+      if tenant then redis.call('ZADD', prefix .. 'active:' .. tenant, now + expiry_s, qid) end
+      redis.call('ZADD', active, now + expiry_s, qid)
+    end
+  end
+end
+
 local function dispatch(prefix, queue, margin, max_moves, expiry_s)
   local now = now_s()
   local active = prefix .. 'active'
-  redis.call('ZREMRANGEBYSCORE', active, '-inf', now)
+  recover(prefix, queue, now, expiry_s)
   local slots = slots_of(prefix, queue, now)
   if slots == 0 then return 0 end  -- no worker online: a worker's reaper dispatches at start
   local room = slots + margin - redis.call('ZCARD', active)
@@ -69,8 +101,8 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
     if qid then
       local key = prefix .. 'msg:' .. qid
       local msg = redis.call('GET', key)
-      redis.call('DEL', key)
-      -- cancelled while waiting (it has a result), or expired: nothing to run
+      -- cancelled while waiting (it has a result), or expired: nothing to run; the
+      -- message stays until a worker begins the job (see recover)
       if msg and redis.call('EXISTS', prefix .. 'result:' .. qid) == 0 then
         redis.call('LPUSH', queue, msg)
         redis.call('ZADD', prefix .. 'active:' .. best, now + expiry_s, qid)

@@ -26,6 +26,7 @@ if redis.call('SET', KEYS[1], payload, 'NX', 'EX', ARGV[2]) then
   end
   redis.call('ZREM', KEYS[4], qid)
   redis.call('DEL', KEYS[5])
+  redis.call('DEL', prefix .. 'msg:' .. qid)  -- final without a begin (rejected, cancelled)
   -- the counters: one HINCRBY each, bucket chosen by the caller (fixed bounds)
   local backend = ARGV[16]
   local who = tenant ~= '' and tenant or 'none'
