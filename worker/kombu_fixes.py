@@ -30,4 +30,4 @@ def _connparams(self: Any, asynchronous: bool = False) -> Any:
 
 def apply() -> None:
     if kombu_redis.Channel._connparams is not _connparams:
-        kombu_redis.Channel._connparams = _connparams
+        kombu_redis.Channel._connparams = _connparams  # type: ignore[method-assign]
