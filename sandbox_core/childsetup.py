@@ -244,7 +244,7 @@ class ChildSetup:
     umask: int = 0o022
 
     def helper_argv(
-        self, helper: str, env_fd: int, seccomp_fd: int | None = None
+        self, helper: str, env_fd: int, seccomp_fd: int | None = None, direct: int = 0
     ) -> list[str] | None:
         """The same setup as sandfarm-exec arguments, or None where only Python can do
         it (an unprivileged user + network namespace). The helper starts with an empty
@@ -271,6 +271,8 @@ class ChildSetup:
         if self.uid is not None:
             gid = self.gid if self.gid is not None else self.uid
             argv += ["--uid", str(self.uid), "--gid", str(gid)]
+        if direct:
+            argv += ["--direct", str(direct)]
         return [*argv, "--umask", f"{self.umask:o}", "--"]
 
     def __call__(self) -> None:

@@ -4,6 +4,7 @@ cgroup, child setup before exec, and supervised capture of each step."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -15,7 +16,7 @@ from sandbox_core import cgroups, slots
 from sandbox_core import defaults as d
 from sandbox_core.backends.base import Backend, Protection, Session
 from sandbox_core.backends.config import LocalConfig
-from sandbox_core.backends.steps import clean_environment, script_argv, source_of
+from sandbox_core.backends.steps import clean_environment, direct_words, script_argv, source_of
 from sandbox_core.cgroups import JobCgroup
 from sandbox_core.childsetup import (
     ChildSetup,
@@ -24,7 +25,7 @@ from sandbox_core.childsetup import (
     find_exec_helper,
     rlimits_for,
 )
-from sandbox_core.models import CollectedFile, ExecStep, JobSpec
+from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome, apply_init_record, run_captured
 from sandbox_core.seccomp import job_filter
@@ -41,6 +42,7 @@ class Launch:
     env: dict[str, str]
     fds: list[int] = field(default_factory=list)
     status_fd: int | None = None
+    direct: int = 0  # argv starts with this many words the helper may exec without bash
 
 
 @dataclass(frozen=True)
@@ -110,15 +112,23 @@ class LocalSession(Session):
         cpu_before = self.cgroup.cpu_ns() if self.cgroup else 0
         self.clean = False
         setup = self.backend.child_setup(self)
-        launch = self.backend.wrap(self, argv, self.backend.environment(self))
+        env = self.backend.environment(self)
+        words = None
+        if not isinstance(step, PythonStep) and self.backend.runs_direct(setup):
+            words = direct_words(step.command, env)  # the script stays as the fallback
+        launch = self.backend.wrap(self, [*(words or ()), *argv], env, direct=len(words or ()))
         helper = self.backend.exec_helper
         env_fd = env_memfd(launch.env) if helper else None
         seccomp_fd = (
             bytes_memfd("sandfarm-seccomp", setup.seccomp) if helper and setup.seccomp else None
         )
         prefix = (
-            setup.helper_argv(helper, env_fd, seccomp_fd) if helper and env_fd is not None else None
+            setup.helper_argv(helper, env_fd, seccomp_fd, direct=launch.direct)
+            if helper and env_fd is not None
+            else None
         )
+        if launch.direct and not prefix:  # no helper to fall back: bash runs it
+            launch = dataclasses.replace(launch, argv=launch.argv[launch.direct :], direct=0)
         owned = [fd for fd in (env_fd, seccomp_fd) if fd is not None]
         fds = list(launch.fds)
         if prefix:
@@ -304,8 +314,16 @@ class LocalBackend(Backend):
     def sandbox_paths(self, session: LocalSession) -> SandboxPaths: ...
 
     @abstractmethod
-    def wrap(self, session: LocalSession, argv: list[str], env: dict[str, str]) -> Launch:
-        """What to exec for ``argv`` with the job's ``env`` (a wrapper may take both)."""
+    def wrap(
+        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
+    ) -> Launch:
+        """What to exec for ``argv`` with the job's ``env`` (a wrapper may take both);
+        ``direct``: argv's first words are a simple command (see runs_direct)."""
+
+    def runs_direct(self, setup: ChildSetup) -> bool:
+        """Whether the step's last exec is the helper's, which can run a simple command
+        without bash and fall back to its script (sandfarm-exec --direct)."""
+        return False
 
     @abstractmethod
     def child_setup(self, session: LocalSession) -> ChildSetup: ...

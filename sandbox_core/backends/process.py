@@ -75,8 +75,14 @@ class ProcessBackend(LocalBackend):
         ws = session.ws
         return SandboxPaths(work=str(ws.work), tmp=str(ws.tmp), scripts=str(session.scripts))
 
-    def wrap(self, session: LocalSession, argv: list[str], env: dict[str, str]) -> Launch:
-        return Launch(argv, env)
+    def wrap(
+        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
+    ) -> Launch:
+        return Launch(argv, env, direct=direct)
+
+    def runs_direct(self, setup: ChildSetup) -> bool:
+        # the helper execs the job itself, unless only Python can set it up
+        return self.exec_helper is not None and not (setup.private_net and setup.netns_fd is None)
 
     def child_setup(self, session: LocalSession) -> ChildSetup:
         setup = self.base_child_setup(session, private_net=not session.spec.limits.network)

@@ -9,8 +9,8 @@
  * usage: sandfarm-exec [--cgroup FILE]... [--netns-fd FD] [--private-tmp SIZE_MB
  *                      [--devpts MAX] [--hide-under DIR --keep DIR]]
  *                      [--rlimit RES:SOFT:HARD]... [--uid UID --gid GID] [--umask OCTAL]
- *                      [--env-fd FD] [--seccomp-fd FD] -- PROGRAM ARGS...
- *        sandfarm-exec --init STATUS_FD -- PROGRAM ARGS...
+ *                      [--env-fd FD] [--seccomp-fd FD] [--direct N] -- PROGRAM ARGS...
+ *        sandfarm-exec --init STATUS_FD [--direct N] -- PROGRAM ARGS...
  * Options act in the order given (--devpts and --hide-under need --private-tmp first).
  * --devpts: the job's own pty instance (at most MAX ptys: the host's table is shared).
  * --hide-under/--keep: unmount, in the job's mount namespace only, every mount under DIR
@@ -19,6 +19,11 @@
  * process, and once PROGRAM ends kill the rest and write its real wait status and
  * resource use to STATUS_FD ("status=N cpu_us=N maxrss_kb=N\n"), which PROGRAM never
  * holds: an exit code the job chooses can never pass for a signal.
+ * --direct N: the first N words of PROGRAM ARGS are a simple command, exec'd without a
+ * shell (found on the job's PATH as bash finds it: a missing or unreadable candidate
+ * is skipped); if that exec fails (nothing ran yet: not found, not executable, not a
+ * binary) the rest of the words, the same command as a bash script, run instead, so a
+ * failure keeps bash's own message and exit status.
  * --seccomp-fd: a classic BPF program (struct sock_filter[]), built by
  * sandbox_core.seccomp, loaded last, just before exec.
  * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
@@ -160,16 +165,58 @@ static void hide_mounts(const char *dir, const char *keep) {
     free(found);
 }
 
+/* execve `name` as bash looks it up on PATH; returns only if no candidate would run. */
+static void exec_on_path(char **argv) {
+    const char *name = argv[0];
+    if (!*name) return;
+    if (strchr(name, '/')) {
+        execve(name, argv, environ);
+        return;
+    }
+    const char *path = getenv("PATH");
+    if (!path) return;
+    size_t len = strlen(name);
+    char file[4096];
+    for (const char *dir = path;; ) {
+        const char *end = strchrnul(dir, ':');
+        size_t dlen = (size_t)(end - dir);
+        if (dlen == 0) dir = ".", dlen = 1; /* an empty entry: the working directory */
+        if (dlen + 1 + len < sizeof file) {
+            memcpy(file, dir, dlen);
+            file[dlen] = '/';
+            memcpy(file + dlen + 1, name, len + 1);
+            execve(file, argv, environ);
+            /* bash goes on past what is missing or not executable; anything else (a
+               script without #!, ...) is bash's to run: hand it back */
+            if (errno != ENOENT && errno != ENOTDIR && errno != EACCES) return;
+        }
+        if (!*end) return;
+        dir = end + 1;
+    }
+}
+
+/* Exec the step: see --direct above. */
+static void exec_step(char **argv, unsigned long long direct) {
+    if (direct > 0) {
+        char *rest = argv[direct];
+        argv[direct] = NULL;
+        exec_on_path(argv);
+        argv[direct] = rest;
+        argv += direct;
+    }
+    execvp(argv[0], argv);
+}
+
 /* pid 1 of a sandbox: see --init above. */
-static int run_init(int status_fd, char **argv) {
+static int run_init(int status_fd, unsigned long long direct, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* the job may not ptrace or read its monitor */
     pid_t child = fork();
     if (child < 0) die("fork", NULL);
     if (child == 0) {
         close(status_fd);
         prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-        execvp(argv[0], argv);
-        die("exec", argv[0]);
+        exec_step(argv, direct);
+        die("exec", argv[direct]);
     }
     int status = 0, main_status = -1;
     struct rusage usage, main_usage;
@@ -220,10 +267,19 @@ int main(int argc, char **argv) {
     char **job_env = NULL;
     int seccomp_fd = -1;
     int i = 1;
+    unsigned long long direct = 0;
     if (argc > 3 && strcmp(argv[1], "--init") == 0) {
         int status_fd = (int)number(argv[2], "--init");
-        if (strcmp(argv[3], "--") != 0 || argc < 5) { errno = EINVAL; die("usage", "--init"); }
-        return run_init(status_fd, argv + 4);
+        int at = 3;
+        if (argc > 5 && strcmp(argv[3], "--direct") == 0) {
+            direct = number(argv[4], "--direct");
+            at = 5;
+        }
+        if (strcmp(argv[at], "--") != 0 || (unsigned long long)(argc - at - 1) <= direct) {
+            errno = EINVAL;
+            die("usage", "--init");
+        }
+        return run_init(status_fd, direct, argv + at + 1);
     }
     for (; i < argc; i++) {
         const char *opt = argv[i];
@@ -269,12 +325,17 @@ int main(int argc, char **argv) {
             gid = (long)number(val, opt);
         } else if (strcmp(opt, "--umask") == 0) {
             mask = (mode_t)strtoul(val, NULL, 8);
+        } else if (strcmp(opt, "--direct") == 0) {
+            direct = number(val, opt);
         } else {
             errno = EINVAL;
             die("unknown option", opt);
         }
     }
-    if (i >= argc) { errno = EINVAL; die("no program given", NULL); }
+    if (i >= argc || (unsigned long long)(argc - i) <= direct) {
+        errno = EINVAL;
+        die("no program given", NULL);
+    }
     if (uid >= 0) {
         if (gid < 0) gid = uid;
         if (setgroups(0, NULL) != 0) die("setgroups", NULL);
@@ -287,7 +348,7 @@ int main(int argc, char **argv) {
     if (seccomp_fd >= 0) load_seccomp(seccomp_fd); /* last: after no_new_privs */
     static char *empty[] = {NULL};
     environ = job_env ? job_env : empty; /* only now, as the job's uid */
-    execvp(argv[i], argv + i);
-    die("exec", argv[i]);
+    exec_step(argv + i, direct);
+    die("exec", argv[i + direct]);
     return 127;
 }

@@ -104,3 +104,28 @@ def test_slow_delivery_is_not_pushed_twice(make_farm) -> None:  # noqa: F811
         finally:
             client.redis.hdel(KOMBU_UNACKED, tag)
             client.redis.hdel(client.keys.workers, GHOST)
+
+
+def test_idle_tenant_goes_to_the_front_of_the_celery_queue(make_farm) -> None:  # noqa: F811
+    """Workers BRPOP from the right: a job of a tenant with nothing dispatched is pushed
+    there (runs at the next free slot); a busy tenant's jobs keep their FIFO order."""
+    from producer.jobs import TenantJobs
+    from producer.protocol.tenant_store import TenantStore
+    from producer.protocol.tenants import Policy
+    from sandbox_core import parse_spec
+
+    farm: Farm = make_farm(**FAST)
+    with farm.client() as client:
+        queue = client.settings.queue
+        ghost_worker(client, 2)  # room: 2 slots + the margin (2)
+        TenantStore(client.redis, client.keys).add("idle-b", Policy())
+        ids = client.submit_many([{"id": f"busy-{i}", "command": "true"} for i in range(3)])
+        assert client.redis.llen(queue) == 3  # the busy tenant's, dispatched
+        other = TenantJobs(client.redis, client.settings, "idle-b")
+        other.submit([parse_spec({"id": "b-0", "command": "true"})], None, all_or_nothing=True)
+        assert client.redis.llen(queue) == 4
+        order = [json.loads(raw)["headers"]["id"] for raw in client.redis.lrange(queue, 0, -1)]
+        popped_first = order[::-1]  # BRPOP takes the right end first
+        assert popped_first[0] == "idle-b/b-0"
+        assert popped_first[1:] == [client.jobs.qid(i) for i in ids]  # FIFO, after the first
+        client.redis.hdel(client.keys.workers, GHOST)

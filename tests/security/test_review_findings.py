@@ -57,7 +57,8 @@ def test_ld_preload_never_reaches_a_root_process(run, tmp_path):
         files={"evil.b64": encoded},
         steps=[
             {"kind": "bash", "command": "base64 -d evil.b64 > evil.so && echo built"},
-            {"kind": "bash", "command": "id -u"},
+            {"kind": "bash", "command": "id -u"},  # exec'd without bash (--direct)
+            {"kind": "bash", "command": "true && id -u"},  # through bash
             {"kind": "python", "code": "print('python ran')"},
             {"kind": "read_file", "path": "preload.log"},
         ],
@@ -66,10 +67,11 @@ def test_ld_preload_never_reaches_a_root_process(run, tmp_path):
     assert not os.path.exists(marker), "a root process loaded the job's library"
     assert result.steps[0].stdout == "built\n", result
     assert result.steps[1].stdout.strip() != "0"
-    assert "python ran" in result.steps[2].stdout
+    assert result.steps[2].stdout.strip() != "0"
+    assert "python ran" in result.steps[3].stdout
     # positive control: the library does load, in every process of the later steps
-    loads = result.steps[3].stdout.splitlines()
-    assert len(loads) >= 3, result  # bash and id, bash, python at the least
+    loads = result.steps[4].stdout.splitlines()
+    assert len(loads) >= 4, result  # id; bash and id; python at the least
     assert "euid=0" not in loads, loads
 
 

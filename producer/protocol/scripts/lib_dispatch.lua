@@ -104,8 +104,17 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
       -- cancelled while waiting (it has a result), or expired: nothing to run; the
       -- message stays until a worker begins the job (see recover)
       if msg and redis.call('EXISTS', prefix .. 'result:' .. qid) == 0 then
-        redis.call('LPUSH', queue, msg)
-        redis.call('ZADD', prefix .. 'active:' .. best, now + expiry_s, qid)
+        -- Workers BRPOP from the right. A tenant with nothing dispatched goes to the
+        -- front: its job runs at the next free slot instead of behind the margin's
+        -- worth of jobs a busy tenant already has queued (the Celery queue is a buffer
+        -- for throughput, not a second ordering). A busy tenant's jobs keep FIFO.
+        local mine = prefix .. 'active:' .. best
+        if redis.call('ZCARD', mine) == 0 then
+          redis.call('RPUSH', queue, msg)
+        else
+          redis.call('LPUSH', queue, msg)
+        end
+        redis.call('ZADD', mine, now + expiry_s, qid)
         redis.call('ZADD', active, now + expiry_s, qid)
         redis.call('HSET', prefix .. 'vtime', best, best_v + 1 / best_w)
         redis.call('SET', prefix .. 'vclock', best_v)

@@ -176,7 +176,12 @@ class BwrapBackend(LocalBackend):
     def sandbox_paths(self, session: LocalSession) -> SandboxPaths:
         return SandboxPaths(work=WORK, tmp=TMP, scripts=SCRIPTS)
 
-    def wrap(self, session: LocalSession, argv: list[str], env: dict[str, str]) -> Launch:
+    def runs_direct(self, setup: ChildSetup) -> bool:
+        return self.own_init  # our init execs the job (tini's or bwrap's would not fall back)
+
+    def wrap(
+        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
+    ) -> Launch:
         assert isinstance(session, BwrapSession)
         found = probe()
         ws, slot = session.ws, session.slot
@@ -226,10 +231,19 @@ class BwrapBackend(LocalBackend):
             os.set_inheritable(status_w, True)
             fds.append(status_w)
             args += ["--ro-bind", self.exec_helper, INIT, "--as-pid-1"]
-            init = [INIT, "--init", str(status_w), "--"]
+            init = [
+                INIT,
+                "--init",
+                str(status_w),
+                *(["--direct", str(direct)] if direct else []),
+                "--",
+            ]
+            direct = 0
         elif found.as_pid_1 and tini():
             args.append("--as-pid-1")
             init = list(tini())
+        if direct:  # no init of ours to fall back to the script: bash runs it
+            argv, direct = argv[direct:], 0
         # last: / and /dev read-only, the binds above stay as they are
         args += ["--remount-ro", "/", "--remount-ro", "/dev"]
         fds.insert(

@@ -1,0 +1,64 @@
+"""Which command steps may skip bash (sandbox_core.backends.steps.direct_words): only a
+command bash would run as one program with exactly these words. Anything bash would
+expand, redirect, chain or run itself keeps bash."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_core.backends.steps import direct_words
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("/bin/true", ["/bin/true"]),
+        ('python3 -c "print(1)"', ["python3", "-c", "print(1)"]),
+        ("python3 -c 'import os; print($HOME)'", ["python3", "-c", "import os; print($HOME)"]),
+        ("gcc -O2 -o a a.c", ["gcc", "-O2", "-o", "a", "a.c"]),
+        ("pytest -q --maxfail=1 tests/", ["pytest", "-q", "--maxfail=1", "tests/"]),
+        ("cmd a\"b c\"d ''", ["cmd", "ab cd", ""]),
+    ],
+)
+def test_simple_commands_go_direct(command: str, words: list[str]) -> None:
+    assert direct_words(command, {}) == words
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "true",  # builtins and keywords are bash's own
+        "echo hi",
+        "exec python3",
+        "if",
+        "FOO=1 cmd",  # an assignment
+        "%1",  # a job spec
+        'python3 -c "print($HOME)"',  # expansion inside double quotes
+        "echo `id`",
+        "ls *.py",  # glob
+        "ls ~",  # tilde
+        "echo {a,b}",  # braces
+        "a; b",  # operators and redirections
+        "a && b",
+        "a | b",
+        "a > f",
+        "a < f",
+        "a &",
+        "(a)",
+        "a # comment",
+        "a\\ b",  # backslash
+        "a\nb",  # two commands
+        "a 'open",  # unterminated quote: bash's error
+        "",
+        "   ",
+        "caf\u00e9",  # non-ASCII outside quotes
+    ],
+)
+def test_anything_bash_would_interpret_keeps_bash(command: str) -> None:
+    assert direct_words(command, {}) is None
+
+
+@pytest.mark.parametrize("name", ["BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "EXECIGNORE"])
+def test_bash_startup_variables_keep_bash(name: str) -> None:
+    assert direct_words("/bin/true", {name: "x"}) is None
+    assert direct_words("/bin/true", {"OTHER": "x"}) == ["/bin/true"]
