@@ -187,6 +187,7 @@ class Settings(BaseSettings):
                 image=self.docker_image,
                 runtime=self.docker_runtime,
                 warm_pool=self.docker_warm_pool,
+                workspace_dir=self.workspace_dir,
             )
         return backend_config(
             name,

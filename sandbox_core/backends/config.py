@@ -65,6 +65,11 @@ class DockerConfig(CommonConfig):
     runtime: str = Field("runc", description="OCI runtime (runsc: gVisor)")
     cpus: float = Field(1.0, gt=0, description="CPU cap of each container")
     warm_pool: int = Field(0, ge=0, le=64, description="started containers kept ready")
+    workspace_dir: Path | None = Field(
+        None,
+        description="the local backends' workspace base: the containers' devpts instances"
+        " live under it, which the process backend hides from its jobs",
+    )
 
     @property
     def images(self) -> tuple[str, ...]:

@@ -95,3 +95,43 @@ def test_docker_worker_killed_mid_job(farm_db, tmp_path, is_root):  # noqa: F811
         assert engine.api.containers(all=True, filters={"label": [f"sandfarm.job={job_id}"]}) == []
     finally:
         farm.stop()
+
+
+def test_docker_ptys_live_under_the_configured_workspace_base(tmp_path, is_root) -> None:
+    """SANDFARM_WORKSPACE_DIR moves the workspaces, and with them the docker backend's
+    devpts instances: the process backend hides that whole tree from its jobs (it once
+    stayed under the default base, visible in a process job's mountinfo)."""
+    import threading
+    from pathlib import Path
+
+    from producer.protocol import Settings
+    from sandbox_core import get_backend, parse_spec
+
+    require(is_root, "the containers' devpts instances are mounted as root")
+    ok, reason = docker_status()
+    require(ok, reason)
+    base = tmp_path / "work"
+    config = Settings(workspace_dir=base).backend_config("docker")
+    assert config.workspace_dir == base  # type: ignore[union-attr]
+    backend = get_backend(config)
+    seen: list[str] = []
+
+    def look() -> None:
+        deadline = time.monotonic() + 20
+        while not seen and time.monotonic() < deadline:
+            seen.extend(
+                line.split()[4]
+                for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                if " - devpts " in line and line.split()[4].startswith(str(base))
+            )
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=look)
+    watcher.start()
+    try:
+        result = backend.run(parse_spec({"command": "sleep 2; echo ran", "backend": "docker"}))
+    finally:
+        watcher.join()
+        backend.close()
+    assert result.status == Status.SUCCEEDED and result.steps[0].stdout == "ran\n", result
+    assert seen and seen[0].startswith(f"{base}/docker-pts/pts-"), seen

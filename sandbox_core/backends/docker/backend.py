@@ -166,7 +166,7 @@ class DockerBackend(Backend):
 
     def create(self, profile: Profile, uid: int, job_id: str | None = None) -> str:
         labels = {**self.labels, "sandfarm.job": job_id or "-"}
-        base = pts_base(None)
+        base = pts_base(self.config.workspace_dir)
         try:
             return create_container(self.client, self.config, profile, uid, labels, base)
         except Exception:
