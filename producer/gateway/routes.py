@@ -65,7 +65,10 @@ JOBS: dict[str, Any] = {
         "value": {"jobs": [{"id": "b-1", "code": "print(1)"}, {"id": "b-2", "command": "true"}]},
     }
 }
-COMPLETIONS_LINGER_S = 0.05
+# After the first announcement, gather more for up to LINGER_S (fewer, fuller replies
+# under load), but stop once none arrives for LINGER_GAP_S (a batch's tail, a lone job).
+COMPLETIONS_LINGER_S = 0.2
+COMPLETIONS_LINGER_GAP_S = 0.025
 CURSOR_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?~[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 
@@ -211,9 +214,14 @@ def completions(
         raise ProblemError(422, "invalid", "Invalid request", detail, field="Sandfarm-Client")
     with _translated():
         ids = who.jobs.done(who.done_key, None, wait, limit)
-        if ids and len(ids) < limit:  # a moment more: fewer, fuller replies under load
-            time.sleep(COMPLETIONS_LINGER_S)
-            ids += who.jobs.done(who.done_key, None, 0, limit - len(ids))
+        until = time.monotonic() + COMPLETIONS_LINGER_S
+        while ids and len(ids) < limit and (left := until - time.monotonic()) > 0:
+            more = who.jobs.done(
+                who.done_key, None, min(COMPLETIONS_LINGER_GAP_S, left), limit - len(ids)
+            )
+            if not more:
+                break
+            ids += more
         found = who.jobs.results(ids)
     return Results(results=list(found.values()), pending=[], unknown=[])
 

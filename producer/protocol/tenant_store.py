@@ -98,7 +98,15 @@ class TenantStore:
         self.policy(name)
         for key_id in list(self.key_ids(name)):
             self.revoke_key(name, key_id)
-        pending = [text(q) for q in self.redis.lrange(self.keys.pending(name), 0, -1)]
+        # Take the waiting jobs out of dispatch's reach first, in one step: cancelling
+        # them one by one while they are still listed let each cancel free a dispatch
+        # slot that dispatch refilled from the same list (hundreds of dead messages in
+        # the Celery queue, every other tenant's jobs behind them).
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lrange(self.keys.pending(name), 0, -1)
+        pipe.delete(self.keys.pending(name))
+        pipe.srem(self.keys.ready, name)
+        pending = [text(q) for q in pipe.execute()[0]]
         cancelled = 0
         for qid in pending:
             notify = (loads(self.redis.get(self.keys.job(qid))) or {}).get("notify")

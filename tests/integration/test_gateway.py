@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from producer.protocol import connect
+from producer.protocol.scripts import utc_day
 from tests.farmkit import SANDFARM, farm_db, make_farm, wait_for  # noqa: F401
 from tests.gatewaykit import TenantFarm, api, wait_final
 
@@ -343,3 +344,21 @@ def test_cli_submit_result_cancel_through_the_gateway(tenants: TenantFarm) -> No
         timeout=60,
     )
     assert bad.returncode == 1 and "API key" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_removing_a_tenant_leaves_no_flood_of_dead_messages(tenants: TenantFarm) -> None:
+    """Removal cancels a backlog without dispatching it: the Celery queue stays within
+    the farm's room (slots + margin), so other tenants' jobs are not stuck behind
+    hundreds of cancelled messages (each a worker delivery for nothing)."""
+    key = tenants.tenant("backlog")
+    client = api(tenants.gateways[0], key)
+    jobs = [{"id": f"b{i}", "command": "/bin/true"} for i in range(600)]
+    assert client.post("/v1/jobs/batch", json={"jobs": jobs}).status_code == 202
+    r, keys = connect(tenants.farm.settings.redis_url), tenants.farm.settings.keys
+    wait_for(lambda: int(r.hget(keys.usage("backlog", utc_day()), "jobs") or 0) >= 20, 30)
+    assert r.llen(keys.pending("backlog")) > 300  # the backlog is there, jobs running
+    cancelled, _ = tenants.store.remove("backlog", _scripts(tenants))
+    assert cancelled > 300
+    room = 2 * len(tenants.farm.workers) + tenants.farm.settings.dispatch_margin
+    assert r.llen(tenants.farm.settings.queue) <= room, "cancelled jobs were dispatched"
+    assert r.llen(keys.pending("backlog")) == 0
