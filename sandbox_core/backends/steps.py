@@ -48,7 +48,7 @@ _BASH_OWN_WORDS = """
     continue declare dirs disown echo enable eval exec exit export false fc fg getopts hash
     help history jobs kill let local logout mapfile popd printf pushd pwd read readarray
     readonly return set shift shopt source suspend test times trap true type typeset ulimit
-    umask unalias unset wait
+    umask unalias unset wait coproc
 """
 _BASH_OWN = frozenset(_BASH_OWN_WORDS.split())
 # Variables bash acts on at start (a startup file, options, what PATH search skips).
@@ -63,6 +63,10 @@ def direct_words(command: str, env: Mapping[str, str]) -> list[str] | None:
     What the job sees differ only in bash's own SHLVL and _ variables."""
     if any(name.startswith("BASH") or name in _BASH_STARTUP_ENV for name in env):
         return None
+    if any(entry.startswith("~") for entry in env.get("PATH", "").split(":")):
+        return None  # bash expands a leading ~ in PATH entries; execve would not
+    if len(command.encode()) > INLINE_SOURCE_BYTES:
+        return None  # its words go on the helper's command line (128 KiB per word)
     quote = ""
     for char in command:
         if quote == "'":

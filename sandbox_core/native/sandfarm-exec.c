@@ -20,10 +20,10 @@
  * resource use to STATUS_FD ("status=N cpu_us=N maxrss_kb=N\n"), which PROGRAM never
  * holds: an exit code the job chooses can never pass for a signal.
  * --direct N: the first N words of PROGRAM ARGS are a simple command, exec'd without a
- * shell (found on the job's PATH as bash finds it: a missing or unreadable candidate
- * is skipped); if that exec fails (nothing ran yet: not found, not executable, not a
- * binary) the rest of the words, the same command as a bash script, run instead, so a
- * failure keeps bash's own message and exit status.
+ * shell (the candidate bash would pick on the job's PATH: the first that exists, is no
+ * directory and is executable); if there is none or its exec fails (nothing ran yet)
+ * the rest of the words, the same command as a bash script, run instead, so a failure
+ * keeps bash's own message and exit status.
  * --seccomp-fd: a classic BPF program (struct sock_filter[]), built by
  * sandbox_core.seccomp, loaded last, just before exec.
  * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
@@ -165,7 +165,17 @@ static void hide_mounts(const char *dir, const char *keep) {
     free(found);
 }
 
-/* execve `name` as bash looks it up on PATH; returns only if no candidate would run. */
+/* Whether bash would take `file` as the command: it exists, is no directory, and the
+ * job (whose uid this already is) may execute it. */
+static int runnable(const char *file) {
+    struct stat st;
+    return stat(file, &st) == 0 && !S_ISDIR(st.st_mode) &&
+           faccessat(AT_FDCWD, file, X_OK, AT_EACCESS) == 0;
+}
+
+/* execve the command bash would pick on PATH (the first runnable candidate), and only
+ * that one; returns if there is none or its exec fails: the bash script then runs and
+ * says why in bash's words (a missing #! interpreter, a FIFO, ...). */
 static void exec_on_path(char **argv) {
     const char *name = argv[0];
     if (!*name) return;
@@ -180,15 +190,16 @@ static void exec_on_path(char **argv) {
     for (const char *dir = path;; ) {
         const char *end = strchrnul(dir, ':');
         size_t dlen = (size_t)(end - dir);
-        if (dlen == 0) dir = ".", dlen = 1; /* an empty entry: the working directory */
+        const char *base = dlen ? dir : "."; /* an empty entry: the working directory */
+        if (!dlen) dlen = 1;
         if (dlen + 1 + len < sizeof file) {
-            memcpy(file, dir, dlen);
+            memcpy(file, base, dlen);
             file[dlen] = '/';
             memcpy(file + dlen + 1, name, len + 1);
-            execve(file, argv, environ);
-            /* bash goes on past what is missing or not executable; anything else (a
-               script without #!, ...) is bash's to run: hand it back */
-            if (errno != ENOENT && errno != ENOTDIR && errno != EACCES) return;
+            if (runnable(file)) {
+                execve(file, argv, environ);
+                return;
+            }
         }
         if (!*end) return;
         dir = end + 1;

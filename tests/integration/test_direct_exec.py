@@ -95,3 +95,22 @@ def test_bash_startup_variables_keep_bash(local: Backend) -> None:
     result = run(local, "/bin/echo job", env={"BASH_ENV": "startup.sh"}, files=files)
     assert direct_words("/bin/echo job", {}) is not None  # would go direct without it
     assert result.steps[0].stdout == "startup file read\njob\n", result  # bash ran it
+
+
+def test_the_program_bash_would_pick_is_the_only_one_tried(local: Backend) -> None:
+    """A PATH candidate whose exec fails (its #! interpreter is missing) is bash's to
+    report: the direct path must not go on to a later PATH entry and run that."""
+    spec = {
+        "files": {"b1/tool": "#!/nonexistent\n", "b2/tool": "#!/bin/sh\necho SECOND\n"},
+        "env": {"PATH": "b1:b2:/usr/bin:/bin"},
+        "steps": [
+            {"kind": "bash", "command": c} for c in ("chmod +x b1/tool b2/tool", "b2/tool", "tool")
+        ],
+    }
+    result = local.run(parse_spec(spec))
+    assert direct_words("tool", spec["env"]) is not None  # the direct path
+    assert result.steps[1].stdout == "SECOND\n", result  # the later one would run
+    step = result.steps[2]
+    assert "SECOND" not in step.stdout
+    assert step.exit_code == 127, result
+    assert "b1/tool" in step.stderr  # bash's own report of the first candidate

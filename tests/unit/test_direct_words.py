@@ -62,3 +62,31 @@ def test_anything_bash_would_interpret_keeps_bash(command: str) -> None:
 def test_bash_startup_variables_keep_bash(name: str) -> None:
     assert direct_words("/bin/true", {name: "x"}) is None
     assert direct_words("/bin/true", {"OTHER": "x"}) == ["/bin/true"]
+
+
+def test_every_bash_builtin_and_keyword_keeps_bash() -> None:
+    """The list matches what this host's bash calls its own (compgen -b, -k)."""
+    import shutil
+    import subprocess
+
+    from sandbox_core.backends.steps import _BASH_OWN
+
+    bash = shutil.which("bash")
+    assert bash is not None
+    own = subprocess.run(
+        [bash, "--noprofile", "--norc", "-c", "compgen -b; compgen -k"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(own) > 50  # the listing ran
+    assert set(own) <= _BASH_OWN, sorted(set(own) - _BASH_OWN)
+    for word in own:
+        assert direct_words(f"{word} x", {}) is None, word
+
+
+def test_tilde_in_path_and_long_commands_keep_bash() -> None:
+    assert direct_words("foo", {"PATH": "~/bin:/usr/bin"}) is None  # bash expands it
+    assert direct_words("foo", {"PATH": "/usr/bin"}) == ["foo"]
+    long_word = "A" * 200_000  # past Linux's 128 KiB per exec argument
+    assert direct_words(f"/bin/echo {long_word}", {}) is None

@@ -41,28 +41,48 @@ end
 
 -- A dispatched job keeps its message (msg:<qid>) until a worker begins it. When its
 -- dispatch entry expires (a visibility timeout after the move) and no attempt has begun,
--- the message is looked for where it should be: still in the Celery queue, or delivered
--- and in kombu's unacked hash (keyed by the delivery tag the message carries). Found,
--- the job stays counted as dispatched; found nowhere (a Redis that died between a
--- worker's BRPOP and kombu's unacked write forgets the delivery, while the worker that
--- took the message lost it with its connection), it is pushed again. A job can run twice
--- this way, never zero times: begin refuses a job with a result, store keeps the first.
+-- the message is looked for where it should be: still in the Celery queue (by task id:
+-- kombu re-serialises a message it restores), or delivered and in kombu's unacked hash
+-- (keyed by the delivery tag the message carries). Found, the job stays counted as
+-- dispatched; found nowhere (a Redis that died between a worker's BRPOP and kombu's
+-- unacked write forgets the delivery, while the worker that took the message lost it
+-- with its connection), it is pushed again. When unsure (a queue too long to read), it
+-- waits for the next round. A job may run twice this way, never zero times: begin
+-- refuses a job with a result, store keeps the first.
+local RECOVER_SCAN_MAX = 1000  -- queue entries read to look for a job (normally ~slots)
+
+local function queued_ids(queue)
+  if redis.call('LLEN', queue) > RECOVER_SCAN_MAX then return nil end
+  local ids = {}
+  for _, raw in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    local ok, m = pcall(cjson.decode, raw)
+    if ok and type(m) == 'table' and type(m.headers) == 'table' and m.headers.id then
+      ids[m.headers.id] = true
+    end
+  end
+  return ids
+end
+
 local function recover(prefix, queue, now, expiry_s)
   local active = prefix .. 'active'
-  local expired = redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, 64)
+  local expired = redis.call('ZRANGEBYSCORE', active, '-inf', now, 'LIMIT', 0, 1000)
+  local ids  -- the queue's task ids, read once and only if needed
   for _, qid in ipairs(expired) do
     redis.call('ZREM', active, qid)
     local msg = redis.call('GET', prefix .. 'msg:' .. qid)
-    if msg and redis.call('EXISTS', prefix .. 'result:' .. qid) == 0 then
+    if msg and redis.call('EXISTS', prefix .. 'result:' .. qid) == 0
+        and redis.call('EXISTS', prefix .. 'attempts:' .. qid) == 0 then
       local ok, m = pcall(cjson.decode, msg)
       local tag = ok and type(m) == 'table' and type(m.properties) == 'table'
         and m.properties.delivery_tag
       -- 'unacked': kombu's default unacked_key (protocol/keys.py KOMBU_UNACKED)
       local delivered = tag and redis.call('HEXISTS', 'unacked', tag) == 1
-      local queued = redis.call('LPOS', queue, msg)
-      if not delivered and not queued then
-        redis.call('LPUSH', queue, msg)
-        redis.call('HINCRBY', prefix .. 'stats', 'recovered', 1)
+      if not delivered then
+        if ids == nil then ids = queued_ids(queue) or false end
+        if ids and not ids[qid] then
+          redis.call('LPUSH', queue, msg)
+          redis.call('HINCRBY', prefix .. 'stats', 'recovered', 1)
+        end
       end
       local tenant = string.match(qid, '^([^/]+)/')
       if tenant then redis.call('ZADD', prefix .. 'active:' .. tenant, now + expiry_s, qid) end
