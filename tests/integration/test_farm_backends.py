@@ -74,7 +74,8 @@ def test_docker_worker_killed_mid_job(farm_db, tmp_path, is_root):  # noqa: F811
             wait_for(lambda: engine.api.containers(filters=label), timeout=30, what="container")
             os.killpg(owner.proc.pid, signal.SIGKILL)  # main process and pool children
             owner.proc.wait()
-            # Gone within a reaper interval or two (the survivor's reaper, 1 s here).
+            # Gone once its heartbeat is stale (5 s here) and the survivor's reaper (every
+            # 1 s) has removed it; 20 s: a loaded 2-core host once took more than 10.
             wait_for(
                 lambda: (
                     not any(
@@ -82,7 +83,7 @@ def test_docker_worker_killed_mid_job(farm_db, tmp_path, is_root):  # noqa: F811
                         for c in engine.api.containers(all=True, filters=label)
                     )
                 ),
-                timeout=10,
+                timeout=20,
                 what="the dead worker's container to be reaped",
             )
             result = client.result(job_id, timeout=120)
