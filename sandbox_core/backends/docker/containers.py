@@ -74,9 +74,12 @@ def _pidns() -> str:
 
 
 def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat);
+    "" when it is gone or a zombie (dead, its exit status not yet collected: a killed
+    worker's pool process reparented to a subreaper that does not wait stays one)."""
     with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return "" if fields[0] in ("Z", "X") else fields[19]
     return ""
 
 
