@@ -179,6 +179,7 @@ class Settings(BaseSettings):
             "allow_network": self.allow_network,
             "worker": worker,
             "slot": slot,
+            "workspace_dir": self.workspace_dir,
         }
         if name == "docker":
             return backend_config(
@@ -187,12 +188,10 @@ class Settings(BaseSettings):
                 image=self.docker_image,
                 runtime=self.docker_runtime,
                 warm_pool=self.docker_warm_pool,
-                workspace_dir=self.workspace_dir,
             )
         return backend_config(
             name,
             **common,
-            workspace_dir=self.workspace_dir,
             exec_helper=self.exec_helper,
             favor_dynmods=self.cgroup_favordynmods,
         )

@@ -29,14 +29,17 @@ class CommonConfig(BaseModel):
     slot: int | None = Field(
         None, ge=0, lt=d.MAX_SLOTS, description="sandbox slot (and uid) to run in; None: any free"
     )
+    workspace_dir: Path | None = Field(
+        None,
+        description="parent of the slots' workspaces (docker: of its containers' devpts"
+        " instances, which the process backend hides from its jobs); None:"
+        " /var/lib/sandfarm/work as root",
+    )
 
 
 class LocalConfig(CommonConfig):
     """What the host-process backends (process, bwrap) take."""
 
-    workspace_dir: Path | None = Field(
-        None, description="parent of the slots' workspaces; None: /var/lib/sandfarm/work as root"
-    )
     python: str = Field("python3", description="interpreter of python steps, on the clean PATH")
     exec_helper: str = Field(
         d.EXEC_HELPER_AUTO,
@@ -65,11 +68,6 @@ class DockerConfig(CommonConfig):
     runtime: str = Field("runc", description="OCI runtime (runsc: gVisor)")
     cpus: float = Field(1.0, gt=0, description="CPU cap of each container")
     warm_pool: int = Field(0, ge=0, le=64, description="started containers kept ready")
-    workspace_dir: Path | None = Field(
-        None,
-        description="the local backends' workspace base: the containers' devpts instances"
-        " live under it, which the process backend hides from its jobs",
-    )
 
     @property
     def images(self) -> tuple[str, ...]:

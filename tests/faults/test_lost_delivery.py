@@ -3,7 +3,8 @@ kombu's next round trip wrote it to the unacked hash (seen once in CI as a job n
 finished after a Redis SIGKILL). The test plays that worker: it pops the dispatched
 message itself and drops it, so the message is in no queue and no unacked hash, then a
 real worker joins. Dispatch's recovery must push it again, once, and must leave alone a
-message that is only slow (still queued, or delivered and not begun yet)."""
+message that is only slow (still queued, or delivered and not begun yet). Last, the
+order dispatch pushes in (the same ghost-worker setup)."""
 
 from __future__ import annotations
 
