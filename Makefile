@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 # The sandbox's exec helper (C): lets the worker vfork instead of running Python
 # between fork and exec. Static where libc.a is there (no dynamic loading per job:
 # ~0.15 ms each exec); without a compiler the backends fall back to Python.
-$(BIN)/sandfarm-exec: sandbox_core/native/sandfarm-exec.c $(STAMP)
+$(BIN)/sandfarm-exec: sandbox_core/native/sandfarm-exec.c sandbox_core/native/standby.h $(STAMP)
 	cc -O2 -Wall -Wextra -static -o $@ $< 2>/dev/null || cc -O2 -Wall -Wextra -o $@ $< \
 		|| echo "[setup] no C compiler: Python child setup"
 

@@ -244,14 +244,27 @@ class ChildSetup:
     umask: int = 0o022
 
     def helper_argv(
-        self, helper: str, env_fd: int, seccomp_fd: int | None = None, direct: int = 0
+        self,
+        helper: str,
+        env_fd: int | None,
+        seccomp_fd: int | None = None,
+        direct: int = 0,
+        standby_fd: int | None = None,
+        job_later: bool = False,
     ) -> list[str] | None:
         """The same setup as sandfarm-exec arguments, or None where only Python can do
         it (an unprivileged user + network namespace). The helper starts with an empty
-        environment and gets the job's from ``env_fd`` for the final exec only."""
+        environment and gets the job's from ``env_fd`` for the final exec only; with
+        ``standby_fd`` it waits there for the job (argv, env, direct, rlimits) instead.
+        ``job_later``: a standby whose init waits for the job (no rlimits here either)."""
+        job_later = job_later or standby_fd is not None
         if self.private_net and self.netns_fd is None:
             return None
-        argv = [helper, "--env-fd", str(env_fd)]
+        argv = [helper]
+        if standby_fd is not None:
+            argv += ["--standby", str(standby_fd)]
+        elif env_fd is not None:
+            argv += ["--env-fd", str(env_fd)]
         if self.seccomp is not None:
             if seccomp_fd is None:
                 return None
@@ -266,12 +279,12 @@ class ChildSetup:
             argv += ["--cgroup", path]
         if self.netns_fd is not None:
             argv += ["--netns-fd", str(self.netns_fd)]
-        for res, soft, hard in self.rlimits:
+        for res, soft, hard in () if job_later else self.rlimits:
             argv += ["--rlimit", f"{res}:{soft}:{hard}"]
         if self.uid is not None:
             gid = self.gid if self.gid is not None else self.uid
             argv += ["--uid", str(self.uid), "--gid", str(gid)]
-        if direct:
+        if direct and not job_later:
             argv += ["--direct", str(direct)]
         return [*argv, "--umask", f"{self.umask:o}", "--"]
 

@@ -280,6 +280,9 @@ class Phases(_Strict):
     collect_ms: float | None = Field(None, description="collecting files")
     teardown_ms: float | None = Field(None, description="removing the sandbox")
     store_ms: float | None = Field(None, description="finished -> stored in Redis")
+    prewarmed: bool | None = Field(
+        None, description="the first step ran in a sandbox set up before the job arrived"
+    )
 
 
 class Timings(_Strict):

@@ -161,6 +161,30 @@ def _capped(wait: float, cap: float | None) -> float:
     return max(0.0, wait if cap is None else min(wait, cap))
 
 
+def start_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    preexec_fn: Callable[[], None] | None = None,
+    stdin: bool = False,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen[bytes]:
+    """``argv`` in a new session, its output on pipes (and its stdin, if ``stdin``)."""
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        preexec_fn=preexec_fn,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=tuple(pass_fds),
+    )
+
+
 def run_captured(
     argv: Sequence[str],
     *,
@@ -174,26 +198,35 @@ def run_captured(
     cancel: threading.Event | None = None,
     pass_fds: Sequence[int] = (),
 ) -> ExecOutcome:
-    """Start ``argv`` in a new session and supervise it until it and its output are done.
-
-    ``kill_tree`` must kill every process the job started (the caller's cgroup or uid
-    sweep); it is called on timeout, flood, cancel and once the main process has exited
-    and its leftovers had ``EXIT_DRAIN_S`` to finish writing.
-    """
-    out = ExecOutcome.for_limits(limits)
+    """Start ``argv`` in a new session and supervise it until it and its output are done
+    (see ``supervise``)."""
     started = time.monotonic()
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.PIPE if stdin_data else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(env),
+    proc = start_process(
+        argv,
+        env=env,
         cwd=cwd,
         preexec_fn=preexec_fn,
-        start_new_session=True,
-        close_fds=True,
-        pass_fds=tuple(pass_fds),
+        stdin=bool(stdin_data),
+        pass_fds=pass_fds,
     )
+    return supervise(proc, started, limits, deadline, kill_tree, stdin_data, cancel)
+
+
+def supervise(
+    proc: subprocess.Popen[bytes],
+    started: float,
+    limits: Limits,
+    deadline: float,
+    kill_tree: Callable[[], None],
+    stdin_data: bytes | None = None,
+    cancel: threading.Event | None = None,
+) -> ExecOutcome:
+    """Supervise ``proc`` (started at ``started``, monotonic) until it and its output are
+    done. ``kill_tree`` must kill every process the job started (the caller's cgroup or
+    uid sweep); it is called on timeout, flood, cancel and once the main process has
+    exited and its leftovers had ``EXIT_DRAIN_S`` to finish writing.
+    """
+    out = ExecOutcome.for_limits(limits)
     assert proc.stdout is not None and proc.stderr is not None
     out.spawn_ms = (time.monotonic() - started) * 1000
 

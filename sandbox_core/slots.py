@@ -174,18 +174,27 @@ class SlotPool:
 
     @contextlib.contextmanager
     def borrow(self) -> Iterator[Slot]:
-        """A slot for one session: one this pool holds idle (cleaned by the last
-        session's close), or a newly locked one (swept of what its last holder left)."""
+        """A slot for one session (see take), given back after it."""
+        slot = self.take()
+        try:
+            yield slot
+        finally:
+            self.give(slot)
+
+    def take(self, timeout_s: float = 30.0) -> Slot:
+        """A slot: one this pool holds idle (cleaned by the last session's close), or a
+        newly locked one (swept of what its last holder left). ``give`` it back."""
         with self._lock:
             slot = self._idle.pop() if self._idle else None
         if slot is None:
             slot = _shared(self.index, self.workspace_dir) if self.index is not None else None
-            slot = slot or acquire(None, workspace_dir=self.workspace_dir)
-        try:
-            yield slot
-        finally:
-            with self._lock:
-                self._idle.append(slot)
+            slot = slot or acquire(None, timeout_s, workspace_dir=self.workspace_dir)
+        return slot
+
+    def give(self, slot: Slot) -> None:
+        """``slot`` is idle again: nothing of its last session is left in it."""
+        with self._lock:
+            self._idle.append(slot)
 
     def close(self) -> None:
         """Give back the slots this pool holds (a shared one when its last user is gone)."""

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from celery import Task
+from celery import Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.worker.request import Request
 
@@ -27,6 +27,7 @@ from producer.protocol import TASK_NAME, FarmScripts, MessageMeta, RunningRecord
 from sandbox_core import JobResult, SpecError, Status, get_backend, parse_spec
 from sandbox_core import defaults as d
 from sandbox_core.backends import Backend
+from sandbox_core.backends.local import LocalBackend
 from worker.app import app, settings, slot_index
 
 _client: redis.Redis | None = None
@@ -53,6 +54,16 @@ def store(result: JobResult, meta: MessageMeta) -> bool:
     """First stored result wins; returns False (and counts it) for a duplicate. A stored
     result of a tenant's job counts its usage and dispatches the next waiting job."""
     return scripts().store_result(result, meta.notify, meta.qid, meta.tenant, ttl=meta.ttl)
+
+
+@signals.worker_process_shutdown.connect
+def _close_backends(**_: object) -> None:
+    """A pool process that ends closes its local backends: their standbys go with their
+    slots (the reaper's last sweep covers a process that could not)."""
+    for backend in list(_backends.values()):
+        if isinstance(backend, LocalBackend):
+            with contextlib.suppress(Exception):
+                backend.close()
 
 
 def backend_for(name: str, hostname: str | None) -> Backend:

@@ -30,6 +30,8 @@ def breakdown(results: Iterable[JobResult], label: str) -> str:
                 run = statistics.median(s.duration_ms for s in stepped)
                 parts.append(f"(spawn={spawn:.2f} run={run:.2f})")
     total = statistics.median(r.timings.run_ms or 0 for r in results)
+    warm = sum(1 for r in results if r.timings.phases.prewarmed)
     return (
         f"phases.{label} (median ms, n={len(results)}): {' '.join(parts)} sandbox_total={total:.2f}"
+        f" prewarmed={warm}/{len(results)}"
     )

@@ -187,8 +187,11 @@ def run(
     name = spec.backend or backend
     try:
         # The operator asked for --network on this command line: allow it for this run.
+        config = settings.backend_config(name)
+        if hasattr(config, "prewarm"):  # one job: no next one to set a sandbox up for
+            config = config.model_copy(update={"prewarm": False})
         sandbox = get_backend(
-            settings.backend_config(name),
+            config,
             allow_weaker=allow_weaker or settings.allow_weaker,
             allow_network=bool(network) or settings.allow_network,
         )

@@ -126,6 +126,12 @@ class Settings(BaseSettings):
         description="local backends, as root: remount cgroup2 with `favordynmods`"
         " (host-wide; ~8 ms less per step); false leaves the host's mount as it is",
     )
+    prewarm: bool = Field(
+        True,
+        description="local backends: set up the next job's sandbox (workspace, namespaces,"
+        " cgroups, uid) before it arrives, and tear the last one down after its result;"
+        " false does both on the job's own time",
+    )
     docker_image: str = Field(
         d.DOCKER_IMAGE, description="docker backend: default (and allowed) image"
     )
@@ -194,6 +200,7 @@ class Settings(BaseSettings):
             **common,
             exec_helper=self.exec_helper,
             favor_dynmods=self.cgroup_favordynmods,
+            prewarm=self.prewarm,
         )
 
     @classmethod

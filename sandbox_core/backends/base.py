@@ -48,6 +48,7 @@ class Session(ABC):
     """One job's sandbox: a workspace plus a way to run processes in it."""
 
     slot_wait_ms: float | None = None  # set by backends whose sessions wait for a slot
+    prewarmed: bool | None = None  # set by backends that can set a sandbox up ahead
 
     @property
     def alive(self) -> bool:
@@ -155,6 +156,7 @@ class Backend(ABC):
                 phases.setup_ms = lap() - (session.slot_wait_ms or 0.0)
                 self._run_steps(session, spec, deadline, cancel, result.steps)
                 phases.steps_ms = lap()
+                phases.prewarmed = session.prewarmed
                 try:
                     result.files, result.files_omitted = session.collect(spec.collect)
                 except (SandfarmError, OSError) as exc:  # the steps' results still stand

@@ -51,6 +51,11 @@ class LocalConfig(CommonConfig):
         description="as root, remount cgroup2 with favordynmods (host-wide) so attaching a"
         " step to its cgroups skips an RCU wait of ~8 ms; False leaves the host untouched",
     )
+    prewarm: bool = Field(
+        True,
+        description="set up the next job's sandbox before it arrives and tear the last one"
+        " down after its result (sandbox_core.backends.prewarm)",
+    )
 
 
 class ProcessConfig(LocalConfig):

@@ -1,189 +1,28 @@
-"""What the process and bwrap backends share: a host workspace in a slot, a per-job
-cgroup, child setup before exec, and supervised capture of each step."""
+"""What the process and bwrap backends share: sessions in slots (local_session), the
+protections of a host-process sandbox, and child setup before exec."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import threading
 import time
 from abc import abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from sandbox_core import cgroups, slots
 from sandbox_core import defaults as d
-from sandbox_core.backends.base import Backend, Protection, Session
+from sandbox_core.backends import prewarm
+from sandbox_core.backends.base import Backend, Protection
 from sandbox_core.backends.config import LocalConfig
-from sandbox_core.backends.steps import clean_environment, direct_words, script_argv, source_of
-from sandbox_core.cgroups import JobCgroup
-from sandbox_core.childsetup import (
-    ChildSetup,
-    bytes_memfd,
-    env_memfd,
-    find_exec_helper,
-    rlimits_for,
-)
-from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
-from sandbox_core.output import HeadTailBuffer
-from sandbox_core.runner import ExecOutcome, apply_init_record, run_captured
+from sandbox_core.backends.local_session import Launch, LocalSession, SandboxPaths
+from sandbox_core.backends.steps import clean_environment
+from sandbox_core.childsetup import ChildSetup, find_exec_helper, rlimits_for
+from sandbox_core.errors import SlotBusyError
+from sandbox_core.models import JobSpec
 from sandbox_core.seccomp import job_filter
-from sandbox_core.sweep import become_subreaper, reap_zombies_of, sweep_uid
-from sandbox_core.workspace import Workspace
+from sandbox_core.sweep import become_subreaper
 
-
-@dataclass(frozen=True)
-class Launch:
-    """The program to exec, the environment it gets, fds it inherits (closed after), and
-    the read end of the pipe our init writes the job's real wait status to, if any."""
-
-    argv: list[str]
-    env: dict[str, str]
-    fds: list[int] = field(default_factory=list)
-    status_fd: int | None = None
-    direct: int = 0  # argv starts with this many words the helper may exec without bash
-
-
-@dataclass(frozen=True)
-class SandboxPaths:
-    """Where the workspace, its tmp and the step scripts appear to the job."""
-
-    work: str
-    tmp: str
-    scripts: str
-
-
-class LocalSession(Session):
-    def __init__(self, backend: LocalBackend, spec: JobSpec, slot: slots.Slot) -> None:
-        self.backend = backend
-        self.spec = spec
-        self.slot = slot
-        self.cgroup: JobCgroup | None = None
-        self.clean = True  # no process of this session can be alive
-        self.ws = Workspace.create(
-            slot.workspace_dir(backend.workspace_dir),
-            spec.limits.workspace_mb,
-            slot.uid,
-            slot.gid,
-        )
-        try:
-            self.scripts = self.ws.root / "scripts"
-            self.scripts.mkdir(mode=0o755)  # root-owned when root: the job reads, never edits
-            self.cgroup = slot.cgroup
-            if self.cgroup is not None:
-                self.cgroup.set_limits(
-                    memory_bytes=spec.limits.memory_mb * d.MIB,
-                    pids_max=spec.limits.processes + backend.helper_processes,
-                    cpus=spec.limits.cpus,
-                )
-        except BaseException:
-            self.close()
-            raise
-        self.paths = backend.sandbox_paths(self)
-
-    # files: every job process is dead between steps, so the guard cannot be raced
-    def write_file(self, path: str, content: bytes) -> None:
-        self.ws.write_file(path, content)
-
-    def read_into(self, path: str, buffer: HeadTailBuffer) -> None:
-        self.ws.read_into(path, buffer)
-
-    def collect(self, patterns: list[str]) -> tuple[list[CollectedFile], int]:
-        return self.ws.collect(patterns)
-
-    def kill_tree(self) -> None:
-        if self.cgroup is not None:
-            self.cgroup.kill()
-        elif self.slot.uid is not None:
-            sweep_uid(self.slot.uid)
-
-    def exec(
-        self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
-    ) -> ExecOutcome:
-        script = self.scripts / f"step-{index}"
-        script.write_text(source_of(step))
-        if self.slot.gid is not None:  # readable by this job only, not by other slots
-            os.chown(script, 0, self.slot.gid)
-            script.chmod(0o640)
-        argv = script_argv(step, self.backend.python, f"{self.paths.scripts}/step-{index}")
-        limits = self.spec.limits
-        ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
-        cpu_before = self.cgroup.cpu_ns() if self.cgroup else 0
-        self.clean = False
-        setup = self.backend.child_setup(self)
-        env = self.backend.environment(self)
-        words = None
-        if not isinstance(step, PythonStep) and self.backend.runs_direct(setup):
-            words = direct_words(step.command, env)  # the script stays as the fallback
-        launch = self.backend.wrap(self, [*(words or ()), *argv], env, direct=len(words or ()))
-        helper = self.backend.exec_helper
-        env_fd = env_memfd(launch.env) if helper else None
-        seccomp_fd = (
-            bytes_memfd("sandfarm-seccomp", setup.seccomp) if helper and setup.seccomp else None
-        )
-        prefix = (
-            setup.helper_argv(helper, env_fd, seccomp_fd, direct=launch.direct)
-            if helper and env_fd is not None
-            else None
-        )
-        if launch.direct and not prefix:  # no helper to fall back: bash runs it
-            launch = dataclasses.replace(launch, argv=launch.argv[launch.direct :], direct=0)
-        owned = [fd for fd in (env_fd, seccomp_fd) if fd is not None]
-        fds = list(launch.fds)
-        if prefix:
-            fds += owned + ([setup.netns_fd] if setup.netns_fd is not None else [])
-        try:
-            outcome = run_captured(
-                [*prefix, *launch.argv] if prefix else launch.argv,
-                # the helper runs as root: it gets an empty environment, the job's via env_fd
-                env={} if prefix else launch.env,
-                cwd=str(self.ws.work),
-                limits=limits,
-                deadline=deadline,
-                kill_tree=self.kill_tree,
-                # with the helper, subprocess can vfork: no Python between fork and exec
-                preexec_fn=None if prefix else setup,
-                pass_fds=fds,
-                stdin_data=step.stdin.encode() if step.stdin else None,
-                cancel=cancel,
-            )
-        finally:
-            for fd in (*owned, *launch.fds):
-                os.close(fd)
-            self.kill_tree()  # nothing a step started outlives it, daemon or not
-            self.clean = True
-            if self.slot.uid is not None:
-                reap_zombies_of(self.slot.uid)
-            record = _read_all(launch.status_fd) if launch.status_fd is not None else None
-        if record:
-            # Our init's word on the job (else it was killed with the sandbox on a
-            # timeout, flood or cancel, or never started: the sandbox's own exit stands).
-            apply_init_record(outcome, record)
-        outcome.memory_exceeded = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
-        if self.cgroup is not None:
-            outcome.cpu_ms = max(outcome.cpu_ms, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
-        return outcome
-
-    def close(self) -> None:
-        if not self.clean:
-            with contextlib.suppress(Exception):
-                self.kill_tree()
-        self.ws.remove()
-
-
-def _read_all(fd: int) -> bytes:
-    """Everything left in a pipe whose writers are all gone; closes it."""
-    chunks = []
-    try:
-        os.set_blocking(fd, False)
-        while chunk := os.read(fd, 4096):
-            chunks.append(chunk)
-    except BlockingIOError:
-        pass
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
+__all__ = ["Launch", "LocalBackend", "LocalSession", "SandboxPaths"]
 
 
 class LocalBackend(Backend):
@@ -192,6 +31,9 @@ class LocalBackend(Backend):
     session_class: type[LocalSession] = LocalSession
     # Processes a wrapper keeps alive beside the job (bwrap: 2); the job's limit comes on top.
     helper_processes = 0
+    # A standby's exec helper can wait for the job itself (no wrapper between it and the
+    # job's exec); else only a wrapper's init that waits (Launch.waits) makes one.
+    standby_in_helper = True
 
     def __init__(self, config: LocalConfig) -> None:
         super().__init__(config)
@@ -206,21 +48,65 @@ class LocalBackend(Backend):
                 cgroups.favor_dynmods()
             self.favors_dynmods = cgroups.favors_dynmods()
         self.slots = slots.SlotPool(config.slot, config.workspace_dir)
+        # as root only: a standby's isolation from other jobs is its slot's uid
+        self.prewarms = config.prewarm and self.is_root and self.exec_helper is not None
 
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[LocalSession]:
         asked = time.monotonic()
-        with self.slots.borrow() as slot:
-            waited_ms = (time.monotonic() - asked) * 1000
-            session = self.session_class(self, spec, slot)
-            session.slot_wait_ms = waited_ms
+        # A fixed slot is shared by this process's backends: whatever standby another one
+        # left there is closed first, prewarm or not.
+        shared = self.slots.index is not None
+        session = prewarm.take(self, spec) if self.prewarms or shared else None
+        if session is None:
+            slot = self.slots.take()
             try:
-                yield session
-            finally:
-                session.close()
+                session = self.session_class(self, spec, slot)
+            except BaseException:
+                self.slots.give(slot)
+                raise
+        session.slot_wait_ms = (time.monotonic() - asked) * 1000
+        try:
+            yield session
+        finally:
+            if self.prewarms:  # torn down after the result, the next one made there
+                prewarm.retire(self, session)
+            else:
+                try:
+                    session.close()
+                finally:
+                    self.slots.give(session.slot)
+
+    def standby_session(self, spec: JobSpec) -> LocalSession | None:
+        """A session of ``spec``'s shape in a free slot, its first step's sandbox set up
+        and waiting (see prewarm), or None where this backend cannot make one (or no slot
+        is free now: a standby never waits for one)."""
+        try:
+            slot = self.slots.take(timeout_s=0)
+        except SlotBusyError:
+            return None
+        if slot.cgroup is None or slot.cgroup.pids():  # not provably empty: no standby
+            self.slots.give(slot)
+            return None
+        try:
+            session = self.session_class(self, spec, slot)
+        except BaseException:
+            self.slots.give(slot)
+            raise
+        started = False
+        try:
+            started = session.start_standby()
+        finally:
+            if not started:
+                try:
+                    session.close()
+                finally:
+                    self.slots.give(slot)
+        return session if started else None
 
     def close(self) -> None:
         """Release the slots this backend holds."""
+        prewarm.discard(self)
         self.slots.close()
 
     def required_protections(self, spec: JobSpec) -> list[str]:
@@ -315,10 +201,17 @@ class LocalBackend(Backend):
 
     @abstractmethod
     def wrap(
-        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
+        self,
+        session: LocalSession,
+        argv: list[str],
+        env: dict[str, str],
+        direct: int = 0,
+        standby_fd: int | None = None,
     ) -> Launch:
         """What to exec for ``argv`` with the job's ``env`` (a wrapper may take both);
-        ``direct``: argv's first words are a simple command (see runs_direct)."""
+        ``direct``: argv's first words are a simple command (see runs_direct);
+        ``standby_fd``: no argv yet, a standby (Launch.waits if the wrapper's own init
+        waits for the job there, else the helper does)."""
 
     def runs_direct(self, setup: ChildSetup) -> bool:
         """Whether the step's last exec is the helper's, which can run a simple command

@@ -76,9 +76,14 @@ class ProcessBackend(LocalBackend):
         return SandboxPaths(work=str(ws.work), tmp=str(ws.tmp), scripts=str(session.scripts))
 
     def wrap(
-        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
+        self,
+        session: LocalSession,
+        argv: list[str],
+        env: dict[str, str],
+        direct: int = 0,
+        standby_fd: int | None = None,
     ) -> Launch:
-        return Launch(argv, env, direct=direct)
+        return Launch(argv, env, direct=direct)  # a standby: the helper itself waits
 
     def runs_direct(self, setup: ChildSetup) -> bool:
         # the helper execs the job itself, unless only Python can set it up

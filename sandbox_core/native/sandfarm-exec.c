@@ -10,7 +10,9 @@
  *                      [--devpts MAX] [--hide-under DIR --keep DIR]]
  *                      [--rlimit RES:SOFT:HARD]... [--uid UID --gid GID] [--umask OCTAL]
  *                      [--env-fd FD] [--seccomp-fd FD] [--direct N] -- PROGRAM ARGS...
+ *        sandfarm-exec [the same setup options] --standby FD --
  *        sandfarm-exec --init STATUS_FD [--direct N] -- PROGRAM ARGS...
+ *        sandfarm-exec --init STATUS_FD --standby FD --
  * Options act in the order given (--devpts and --hide-under need --private-tmp first).
  * --devpts: the job's own pty instance (at most MAX ptys: the host's table is shared).
  * --hide-under/--keep: unmount, in the job's mount namespace only, every mount under DIR
@@ -24,6 +26,12 @@
  * directory and is executable); if there is none or its exec fails (nothing ran yet)
  * the rest of the words, the same command as a bash script, run instead, so a failure
  * keeps bash's own message and exit status.
+ * --standby FD: a sandbox made before its job arrived (sandbox_core.backends.prewarm).
+ * After the whole setup but the seccomp filter (as the slot uid, no_new_privs), or as
+ * init before it forks, wait for the job on FD: NUL-terminated fields "D<direct>",
+ * "R<res>:<soft>:<hard>" (rlimits, which the job's uid can only lower), "E<KEY=VALUE>"
+ * (its environment), "A<word>" (its argv), then "." and EOF. Anything else, or EOF
+ * before ".", ends the standby (the worker died or gave up on it): nothing runs.
  * --seccomp-fd: a classic BPF program (struct sock_filter[]), built by
  * sandbox_core.seccomp, loaded last, just before exec.
  * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
@@ -218,14 +226,27 @@ static void exec_step(char **argv, unsigned long long direct) {
     execvp(argv[0], argv);
 }
 
+static unsigned long long number(const char *text, const char *what);
+#include "standby.h"
+
 /* pid 1 of a sandbox: see --init above. */
-static int run_init(int status_fd, unsigned long long direct, char **argv) {
+static int run_init(int status_fd, int standby_fd, unsigned long long direct, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* the job may not ptrace or read its monitor */
+    struct go go;
+    if (standby_fd >= 0) {
+        read_go(standby_fd, &go);
+        argv = go.argv;
+        direct = go.direct;
+    }
     pid_t child = fork();
     if (child < 0) die("fork", NULL);
     if (child == 0) {
         close(status_fd);
         prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        if (standby_fd >= 0) {
+            apply_rlimits(&go);
+            environ = go.env;
+        }
         exec_step(argv, direct);
         die("exec", argv[direct]);
     }
@@ -276,21 +297,29 @@ int main(int argc, char **argv) {
     long uid = -1, gid = -1;
     mode_t mask = 022;
     char **job_env = NULL;
-    int seccomp_fd = -1;
+    int seccomp_fd = -1, standby_fd = -1;
     int i = 1;
     unsigned long long direct = 0;
     if (argc > 3 && strcmp(argv[1], "--init") == 0) {
-        int status_fd = (int)number(argv[2], "--init");
+        int status_fd = (int)number(argv[2], "--init"), standby_fd = -1;
         int at = 3;
-        if (argc > 5 && strcmp(argv[3], "--direct") == 0) {
-            direct = number(argv[4], "--direct");
-            at = 5;
+        for (; at + 2 < argc && strcmp(argv[at], "--") != 0; at += 2) {
+            if (strcmp(argv[at], "--direct") == 0) {
+                direct = number(argv[at + 1], "--direct");
+            } else if (strcmp(argv[at], "--standby") == 0) {
+                standby_fd = (int)number(argv[at + 1], "--standby");
+            } else {
+                errno = EINVAL;
+                die("usage", argv[at]);
+            }
         }
-        if (strcmp(argv[at], "--") != 0 || (unsigned long long)(argc - at - 1) <= direct) {
+        unsigned long long words = (unsigned long long)(argc - at - 1);
+        if (strcmp(argv[at], "--") != 0 || (standby_fd < 0 && words <= direct) ||
+            (standby_fd >= 0 && words != 0)) {
             errno = EINVAL;
             die("usage", "--init");
         }
-        return run_init(status_fd, direct, argv + at + 1);
+        return run_init(status_fd, standby_fd, direct, argv + at + 1);
     }
     for (; i < argc; i++) {
         const char *opt = argv[i];
@@ -338,14 +367,18 @@ int main(int argc, char **argv) {
             mask = (mode_t)strtoul(val, NULL, 8);
         } else if (strcmp(opt, "--direct") == 0) {
             direct = number(val, opt);
+        } else if (strcmp(opt, "--standby") == 0) {
+            standby_fd = (int)number(val, opt);
         } else {
             errno = EINVAL;
             die("unknown option", opt);
         }
     }
-    if (i >= argc || (unsigned long long)(argc - i) <= direct) {
+    if (standby_fd >= 0 ? i != argc || job_env || direct
+                        : i >= argc || (unsigned long long)(argc - i) <= direct) {
         errno = EINVAL;
-        die("no program given", NULL);
+        die(standby_fd >= 0 ? "--standby takes its program, env and direct from its fd"
+                            : "no program given", NULL);
     }
     if (uid >= 0) {
         if (gid < 0) gid = uid;
@@ -356,10 +389,19 @@ int main(int argc, char **argv) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) die("pdeathsig", NULL);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die("no_new_privs", NULL);
     umask(mask);
+    char **program = argv + i;
+    if (standby_fd >= 0) { /* the sandbox is ready: now the job */
+        struct go go;
+        read_go(standby_fd, &go);
+        apply_rlimits(&go);
+        program = go.argv;
+        direct = go.direct;
+        job_env = go.env;
+    }
     if (seccomp_fd >= 0) load_seccomp(seccomp_fd); /* last: after no_new_privs */
     static char *empty[] = {NULL};
     environ = job_env ? job_env : empty; /* only now, as the job's uid */
-    exec_step(argv + i, direct);
-    die("exec", argv[i + direct]);
+    exec_step(program, direct);
+    die("exec", program[direct]);
     return 127;
 }

@@ -16,7 +16,7 @@ import pytest
 
 import sandbox_core
 from sandbox_core import JobResult, Status, get_backend, parse_spec, slots
-from sandbox_core.backends import bwrap
+from sandbox_core.backends import bwrap, prewarm
 from sandbox_core.backends.base import Backend
 from tests.conftest import redis_reachable, require
 from tests.security.conftest import bwrap_status, make_backend
@@ -383,6 +383,7 @@ def test_unusable_bwrap_is_reported_with_the_reason(monkeypatch):
     # positive control: the real bwrap runs the job
     control = get_backend("bwrap").run(parse_spec({"command": "echo yes"}))
     assert control.steps and control.steps[0].stdout == "yes\n", control
+    prewarm.settle()  # the standby made after it must not probe the broken bwrap below
     monkeypatch.setattr(bwrap.host.shutil, "which", lambda name, path=None: "/bin/false")
     bwrap.probe.cache_clear()
     try:

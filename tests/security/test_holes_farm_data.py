@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from sandbox_core import slots
+from sandbox_core.backends import prewarm
 from tests.conftest import job_shared_dir, require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,4 +135,5 @@ def test_other_jobs_workspaces_and_ptys_are_invisible(run, backend, is_root):
     assert str(work.parents[1]) not in out  # not even the other job's path
     assert "PTS ['ptmx']" in out  # its own pty instance: the other job's pty is not there
     assert "PLANTED" in planted["result"].steps[0].stdout  # the plant job ran to its end
+    prewarm.settle()  # torn down after its result, off the job's critical path
     assert os.path.exists(work) is False  # and its workspace is gone with it

@@ -82,6 +82,7 @@ class BwrapBackend(LocalBackend):
     name = "bwrap"
     session_class = BwrapSession
     helper_processes = 2  # bwrap outside, and the init (ours, tini or bwrap's) as pid 1
+    standby_in_helper = False  # only our init can wait for a job (bwrap execs after the helper)
 
     @property
     def own_init(self) -> bool:
@@ -180,7 +181,12 @@ class BwrapBackend(LocalBackend):
         return self.own_init  # our init execs the job (tini's or bwrap's would not fall back)
 
     def wrap(
-        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
+        self,
+        session: LocalSession,
+        argv: list[str],
+        env: dict[str, str],
+        direct: int = 0,
+        standby_fd: int | None = None,
     ) -> Launch:
         assert isinstance(session, BwrapSession)
         found = probe()
@@ -231,11 +237,15 @@ class BwrapBackend(LocalBackend):
             os.set_inheritable(status_w, True)
             fds.append(status_w)
             args += ["--ro-bind", self.exec_helper, INIT, "--as-pid-1"]
+            if standby_fd is not None:  # our init waits for the job's argv and env
+                os.set_inheritable(standby_fd, True)
+                fds.append(standby_fd)
             init = [
                 INIT,
                 "--init",
                 str(status_w),
                 *(["--direct", str(direct)] if direct else []),
+                *(["--standby", str(standby_fd)] if standby_fd is not None else []),
                 "--",
             ]
             direct = 0
@@ -250,7 +260,8 @@ class BwrapBackend(LocalBackend):
             0, bytes_memfd("sandfarm-bwrap-args", b"".join(a.encode() + b"\0" for a in args))
         )
         command = [found.path or "bwrap", "--args", str(fds[0]), "--", *init, *argv]
-        return Launch(command, {"PATH": "/usr/bin:/bin"}, fds, status_fd)
+        waits = standby_fd is not None and self.own_init
+        return Launch(command, {"PATH": "/usr/bin:/bin"}, fds, status_fd, waits=waits)
 
     def joins_slot_network(self, session: LocalSession) -> bool:
         """As root, a job without network joins its slot's pinned loopback-only namespace

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from sandbox_core import slots
+from sandbox_core.backends import prewarm
 from sandbox_core.backends.base import Backend, Protection
 from sandbox_core.backends.config import DockerConfig
 from sandbox_core.backends.docker.containers import (
@@ -227,6 +228,7 @@ class DockerBackend(Backend):
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[DockerSession]:
         profile = Profile.for_job(spec.image or self.image, spec.limits)
+        prewarm.vacate(self.slots.index)  # a local backend's standby shares no slot with us
         with self.slots.borrow() as slot:
             container = self.take_container(profile, slot, spec.id)
             session = DockerSession(self, spec, container, slot_uid(slot))
