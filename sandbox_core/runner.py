@@ -206,7 +206,7 @@ def run_captured(
         env=env,
         cwd=cwd,
         preexec_fn=preexec_fn,
-        stdin=bool(stdin_data),
+        stdin=True,  # a pipe: the step's stdin, then EOF (as a standby's, made before it)
         pass_fds=pass_fds,
     )
     return supervise(proc, started, limits, deadline, kill_tree, stdin_data, cancel)

@@ -120,6 +120,7 @@ class LocalSession(Session):
                         [*prefix, *launch.argv],
                         env={},
                         cwd=str(self.ws.work),
+                        stdin=True,  # the job's stdin, or EOF at once, as a cold step's
                         pass_fds=owned + netns,
                     )
         finally:
@@ -213,15 +214,14 @@ class LocalSession(Session):
         if standby is None:
             return None
         self.prewarmed = False  # unless it runs there
-        # Its uid can only lower rlimits; a stdin needs a pipe the standby was not given.
-        if step.stdin is None and prewarm.lowers_only(setup.rlimits):
+        if prewarm.lowers_only(setup.rlimits):  # its uid can only lower them
             started = time.monotonic()
             if standby.go(command, env, direct, setup.rlimits):
                 self.prewarmed = True
                 try:
-                    limits = self.spec.limits
+                    limits, stdin = self.spec.limits, step.stdin.encode() if step.stdin else None
                     outcome = supervise(
-                        standby.proc, started, limits, deadline, self.kill_tree, None, cancel
+                        standby.proc, started, limits, deadline, self.kill_tree, stdin, cancel
                     )
                 except BaseException:
                     standby.discard()

@@ -111,16 +111,16 @@ def test_a_warm_job_gets_its_own_limits_and_environment(warm: LocalBackend) -> N
     assert "s3cret" not in environ and "EARLIER_SECRET" not in environ
 
 
-def test_a_job_that_does_not_fit_the_standby_runs_cold(warm: LocalBackend) -> None:
+def test_another_shape_runs_cold_and_a_stdin_reaches_a_warm_job(warm: LocalBackend) -> None:
     run(warm, "true")
     standby_of(warm)  # one is waiting, of the default shape
     other_size = run(warm, "df -m . | tail -1", limits={"workspace_mb": 32})
     assert other_size.timings.phases.prewarmed is False
     assert " 32 " in other_size.steps[0].stdout  # its own workspace size, not the standby's
     standby_of(warm)  # made again, of the default shape (never of another job's)
-    step = {"kind": "bash", "command": "cat", "stdin": "fed\n"}
+    step = {"kind": "bash", "command": "cat; cat", "stdin": "fed\n"}
     with_stdin = warm.run(parse_spec({"steps": [step]}))
-    assert with_stdin.timings.phases.prewarmed is False  # a stdin needs a pipe it was not given
+    assert with_stdin.timings.phases.prewarmed is True  # its stdin reaches it, then EOF
     assert with_stdin.steps[0].stdout == "fed\n", with_stdin
 
 
