@@ -48,6 +48,23 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class StepPlan:
+    """One exec step, ready to start: in a standby or cold."""
+
+    step: ExecStep
+    command: list[str]  # argv: ``direct`` simple-command words, then the script's argv
+    env: dict[str, str]
+    direct: int
+    setup: ChildSetup
+    deadline: float
+    cancel: threading.Event | None
+
+    @property
+    def stdin(self) -> bytes | None:
+        return self.step.stdin.encode() if self.step.stdin else None
+
+
+@dataclass(frozen=True)
 class SandboxPaths:
     """Where the workspace, its tmp and the step scripts appear to the job."""
 
@@ -179,10 +196,10 @@ class LocalSession(Session):
             words = direct_words(step.command, env) or []  # the script stays as the fallback
         status_fd: int | None = None
         try:
-            command, direct = [*words, *argv], len(words)
-            ran = self._run_standby(step, command, env, direct, setup, deadline, cancel)
+            plan = StepPlan(step, [*words, *argv], env, len(words), setup, deadline, cancel)
+            ran = self._run_standby(plan)
             if ran is None:
-                ran = self._run_cold(step, command, env, direct, setup, deadline, cancel)
+                ran = self._run_cold(plan)
             outcome, status_fd = ran
         finally:
             self.kill_tree()  # nothing a step started outlives it, daemon or not
@@ -199,29 +216,26 @@ class LocalSession(Session):
             outcome.cpu_ms = max(outcome.cpu_ms, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
         return outcome
 
-    def _run_standby(
-        self,
-        step: ExecStep,
-        command: list[str],
-        env: dict[str, str],
-        direct: int,
-        setup: ChildSetup,
-        deadline: float,
-        cancel: threading.Event | None,
-    ) -> tuple[ExecOutcome, int | None] | None:
+    def _run_standby(self, plan: StepPlan) -> tuple[ExecOutcome, int | None] | None:
         """The step in this session's standby (the first step only), or None: run cold."""
         standby, self.standby = self.standby, None
         if standby is None:
             return None
         self.prewarmed = False  # unless it runs there
-        if prewarm.lowers_only(setup.rlimits):  # its uid can only lower them
+        rlimits = plan.setup.rlimits
+        if prewarm.lowers_only(rlimits):  # its uid can only lower them
             started = time.monotonic()
-            if standby.go(command, env, direct, setup.rlimits):
+            if standby.go(plan.command, plan.env, plan.direct, rlimits):
                 self.prewarmed = True
                 try:
-                    limits, stdin = self.spec.limits, step.stdin.encode() if step.stdin else None
                     outcome = supervise(
-                        standby.proc, started, limits, deadline, self.kill_tree, stdin, cancel
+                        standby.proc,
+                        started,
+                        self.spec.limits,
+                        plan.deadline,
+                        self.kill_tree,
+                        plan.stdin,
+                        plan.cancel,
                     )
                 except BaseException:
                     standby.discard()
@@ -231,18 +245,10 @@ class LocalSession(Session):
         standby.discard()
         return None
 
-    def _run_cold(
-        self,
-        step: ExecStep,
-        command: list[str],
-        env: dict[str, str],
-        direct: int,
-        setup: ChildSetup,
-        deadline: float,
-        cancel: threading.Event | None,
-    ) -> tuple[ExecOutcome, int | None]:
+    def _run_cold(self, plan: StepPlan) -> tuple[ExecOutcome, int | None]:
         """The step in a sandbox set up now."""
-        launch = self.backend.wrap(self, command, env, direct=direct)
+        setup = plan.setup
+        launch = self.backend.wrap(self, plan.command, plan.env, direct=plan.direct)
         helper = self.backend.exec_helper
         env_fd = env_memfd(launch.env) if helper else None
         seccomp_fd = (
@@ -266,13 +272,13 @@ class LocalSession(Session):
                 env={} if prefix else launch.env,
                 cwd=str(self.ws.work),
                 limits=self.spec.limits,
-                deadline=deadline,
+                deadline=plan.deadline,
                 kill_tree=self.kill_tree,
                 # with the helper, subprocess can vfork: no Python between fork and exec
                 preexec_fn=None if prefix else setup,
                 pass_fds=fds,
-                stdin_data=step.stdin.encode() if step.stdin else None,
-                cancel=cancel,
+                stdin_data=plan.stdin,
+                cancel=plan.cancel,
             )
         except BaseException:
             if launch.status_fd is not None:
