@@ -31,9 +31,6 @@ class LocalBackend(Backend):
     session_class: type[LocalSession] = LocalSession
     # Processes a wrapper keeps alive beside the job (bwrap: 2); the job's limit comes on top.
     helper_processes = 0
-    # A standby's exec helper can wait for the job itself (no wrapper between it and the
-    # job's exec); else only a wrapper's init that waits (Launch.waits) makes one.
-    standby_in_helper = True
 
     def __init__(self, config: LocalConfig) -> None:
         super().__init__(config)
@@ -201,17 +198,16 @@ class LocalBackend(Backend):
 
     @abstractmethod
     def wrap(
-        self,
-        session: LocalSession,
-        argv: list[str],
-        env: dict[str, str],
-        direct: int = 0,
-        standby_fd: int | None = None,
+        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
     ) -> Launch:
         """What to exec for ``argv`` with the job's ``env`` (a wrapper may take both);
-        ``direct``: argv's first words are a simple command (see runs_direct);
-        ``standby_fd``: no argv yet, a standby (Launch.waits if the wrapper's own init
-        waits for the job there, else the helper does)."""
+        ``direct``: argv's first words are a simple command (see runs_direct)."""
+
+    def standby_launch(self, session: LocalSession, go_fd: int) -> Launch | None:
+        """What a standby's helper execs, the job to come on ``go_fd``: a wrapper whose
+        init waits there (Launch.waits), nothing (the helper itself waits), or None where
+        this backend cannot make a standby."""
+        return Launch([], {})
 
     def runs_direct(self, setup: ChildSetup) -> bool:
         """Whether the step's last exec is the helper's, which can run a simple command

@@ -114,32 +114,34 @@ class LocalSession(Session):
             return False
         setup = self.backend.child_setup(self)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        launch = None
         try:
-            launch = self.backend.wrap(self, [], {}, standby_fd=go_r)
-        except BaseException:
-            os.close(go_r)
-            os.close(go_w)
-            raise
+            launch = self.backend.standby_launch(self, go_r)
+        finally:
+            if launch is None:
+                os.close(go_r)
+                os.close(go_w)
+        if launch is None:
+            return False
         owned = [go_r, *(fd for fd in launch.fds if fd != go_r)]
         proc = None
         try:
             seccomp_fd = bytes_memfd("sandfarm-seccomp", setup.seccomp) if setup.seccomp else None
             owned += [seccomp_fd] if seccomp_fd is not None else []
-            if launch.waits or self.backend.standby_in_helper:
-                waits_in_helper = None if launch.waits else go_r
-                prefix = setup.helper_argv(
-                    helper, None, seccomp_fd, standby_fd=waits_in_helper, job_later=True
+            waits_in_helper = None if launch.waits else go_r
+            prefix = setup.helper_argv(
+                helper, None, seccomp_fd, standby_fd=waits_in_helper, job_later=True
+            )
+            if prefix is not None:
+                netns = [setup.netns_fd] if setup.netns_fd is not None else []
+                self.clean = False
+                proc = start_process(
+                    [*prefix, *launch.argv],
+                    env={},
+                    cwd=str(self.ws.work),
+                    stdin=True,  # the job's stdin, or EOF at once, as a cold step's
+                    pass_fds=owned + netns,
                 )
-                if prefix is not None:
-                    netns = [setup.netns_fd] if setup.netns_fd is not None else []
-                    self.clean = False
-                    proc = start_process(
-                        [*prefix, *launch.argv],
-                        env={},
-                        cwd=str(self.ws.work),
-                        stdin=True,  # the job's stdin, or EOF at once, as a cold step's
-                        pass_fds=owned + netns,
-                    )
         finally:
             for fd in owned:
                 os.close(fd)
@@ -221,7 +223,6 @@ class LocalSession(Session):
         standby, self.standby = self.standby, None
         if standby is None:
             return None
-        self.prewarmed = False  # unless it runs there
         rlimits = plan.setup.rlimits
         if prewarm.lowers_only(rlimits):  # its uid can only lower them
             started = time.monotonic()

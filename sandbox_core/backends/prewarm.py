@@ -9,12 +9,13 @@ and starts the next job's sandbox in an empty slot, where the exec helper waits 
 (``sandfarm-exec --standby``). The job's first step then sends only what is its own
 (argv, environment, rlimits); the helper loads the syscall filter and execs it.
 
-What a standby could share with a job, and why it does not (SECURITY.md, "prewarm"):
-it is started only in a slot with nothing in it (its last session closed: cgroup killed,
-workspace unmounted), and a slot holding one runs nothing else (a session of any backend
-opening there first takes it or closes it); it is used only by a job of its shape; the
-job's rlimits are set by its own uid, so a job whose limits are not all below the
-worker's runs cold; nothing of a job reaches a standby before that job is there.
+What a standby could share with a job, and why it does not (SECURITY.md, "a sandbox
+made before its job"): it is started only in a slot whose cgroup is empty (its last
+session closed: cgroup killed, workspace unmounted), always of the default limits'
+shape, and a slot holding one runs nothing else (a session of any backend opening there
+first takes it or closes it); it is used only by a job of its shape; the job's rlimits
+are set by its own uid, so a job whose limits are not all below the worker's runs cold;
+nothing of a job reaches a standby before that job is there.
 """
 
 from __future__ import annotations

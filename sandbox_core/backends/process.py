@@ -76,14 +76,9 @@ class ProcessBackend(LocalBackend):
         return SandboxPaths(work=str(ws.work), tmp=str(ws.tmp), scripts=str(session.scripts))
 
     def wrap(
-        self,
-        session: LocalSession,
-        argv: list[str],
-        env: dict[str, str],
-        direct: int = 0,
-        standby_fd: int | None = None,
+        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
     ) -> Launch:
-        return Launch(argv, env, direct=direct)  # a standby: the helper itself waits
+        return Launch(argv, env, direct=direct)
 
     def runs_direct(self, setup: ChildSetup) -> bool:
         # the helper execs the job itself, unless only Python can set it up

@@ -82,7 +82,6 @@ class BwrapBackend(LocalBackend):
     name = "bwrap"
     session_class = BwrapSession
     helper_processes = 2  # bwrap outside, and the init (ours, tini or bwrap's) as pid 1
-    standby_in_helper = False  # only our init can wait for a job (bwrap execs after the helper)
 
     @property
     def own_init(self) -> bool:
@@ -181,6 +180,15 @@ class BwrapBackend(LocalBackend):
         return self.own_init  # our init execs the job (tini's or bwrap's would not fall back)
 
     def wrap(
+        self, session: LocalSession, argv: list[str], env: dict[str, str], direct: int = 0
+    ) -> Launch:
+        return self._launch(session, argv, env, direct)
+
+    def standby_launch(self, session: LocalSession, go_fd: int) -> Launch | None:
+        # only our init can wait for a job: the helper execs bwrap, not the job
+        return self._launch(session, [], {}, standby_fd=go_fd) if self.own_init else None
+
+    def _launch(
         self,
         session: LocalSession,
         argv: list[str],
@@ -260,7 +268,7 @@ class BwrapBackend(LocalBackend):
             0, bytes_memfd("sandfarm-bwrap-args", b"".join(a.encode() + b"\0" for a in args))
         )
         command = [found.path or "bwrap", "--args", str(fds[0]), "--", *init, *argv]
-        waits = standby_fd is not None and self.own_init
+        waits = standby_fd is not None  # our init has it (standby_launch needs own_init)
         return Launch(command, {"PATH": "/usr/bin:/bin"}, fds, status_fd, waits=waits)
 
     def joins_slot_network(self, session: LocalSession) -> bool:
