@@ -301,7 +301,7 @@ int main(int argc, char **argv) {
     int i = 1;
     unsigned long long direct = 0;
     if (argc > 3 && strcmp(argv[1], "--init") == 0) {
-        int status_fd = (int)number(argv[2], "--init"), standby_fd = -1;
+        int status_fd = (int)number(argv[2], "--init");
         int at = 3;
         for (; at + 2 < argc && strcmp(argv[at], "--") != 0; at += 2) {
             if (strcmp(argv[at], "--direct") == 0) {
