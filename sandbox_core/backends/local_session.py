@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox_core import defaults as d
@@ -182,11 +183,7 @@ class LocalSession(Session):
     def exec(
         self, step: ExecStep, index: int, deadline: float, cancel: threading.Event | None
     ) -> ExecOutcome:
-        script = self.scripts / f"step-{index}"
-        script.write_text(source_of(step))
-        if self.slot.gid is not None:  # readable by this job only, not by other slots
-            os.chown(script, 0, self.slot.gid)
-            script.chmod(0o640)
+        write_script(self.scripts / f"step-{index}", source_of(step), self.slot.gid)
         argv = script_argv(step, self.backend.python, f"{self.paths.scripts}/step-{index}")
         ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
         cpu_before = self.cgroup.cpu_ns() if self.cgroup else 0
@@ -314,3 +311,19 @@ def _read_all(fd: int) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
+
+def write_script(path: Path, source: str, gid: int | None) -> None:
+    """A step's script, readable by its slot's group only (not by other slots): one
+    open, write and fchown, no path lookup after the first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o640 if gid is not None else 0o644)
+    try:
+        data = memoryview(source.encode())
+        while data:
+            data = data[os.write(fd, data) :]
+        if gid is not None:
+            os.fchown(fd, 0, gid)
+            os.fchmod(fd, 0o640)
+    finally:
+        os.close(fd)

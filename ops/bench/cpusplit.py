@@ -1,0 +1,81 @@
+"""Where a benchmark's CPU goes, by process: read from /proc before and after a run.
+
+A worker's main process (Celery's consumer: BRPOP, hand-off, acks, events), its pool
+processes (our task: the scripts, the backend's Python), what they reaped (the jobs and
+their sandbox helpers), the worker's reaper, Redis, and this process (the client). On a
+2-core host running 2 slots the farm is CPU-bound, so CPU per job is the throughput.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _times(pid: int) -> tuple[float, float]:
+    """(own CPU ms, reaped children's CPU ms) of a process; zeros once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return (utime + stime) * _TICK_MS, (cutime + cstime) * _TICK_MS
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(v) for v in text.split()]
+
+
+@dataclass
+class Snapshot:
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def snapshot(worker_pid: int, redis_pid: int | None) -> Snapshot:
+    """CPU ms so far: the worker's main process, its pool (own and reaped), Redis, us."""
+    parts: dict[str, float] = {}
+    main_own, _ = _times(worker_pid)
+    parts["worker_main"] = main_own
+    pool_own = reaped = 0.0
+    for child in _children(worker_pid):
+        own, theirs = _times(child)
+        # the reaper is a `python -m worker.reaper` child; the rest are pool processes
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"worker.reaper" in cmdline:
+            parts["reaper"] = own
+            continue
+        pool_own += own
+        reaped += theirs
+    parts["pool_python"] = pool_own
+    parts["jobs"] = reaped
+    if redis_pid:
+        parts["redis"] = _times(redis_pid)[0]
+    parts["client"] = _times(os.getpid())[0]
+    return Snapshot(parts)
+
+
+def this_process() -> Snapshot:
+    """CPU ms so far of this process and of the children it reaped (a bare run's jobs)."""
+    own, reaped = _times(os.getpid())
+    return Snapshot({"client": own, "jobs": reaped})
+
+
+def per_job(before: Snapshot, after: Snapshot, jobs: int) -> str:
+    """One line: CPU ms per job by part, and their total."""
+    items = [
+        (name, (after.parts.get(name, 0.0) - before.parts.get(name, 0.0)) / jobs)
+        for name in after.parts
+    ]
+    total = sum(v for _, v in items)
+    text = " ".join(f"{name}={value:.2f}" for name, value in items)
+    return f"cpu_per_job_ms: {text} total={total:.2f}"
