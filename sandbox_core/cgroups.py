@@ -282,14 +282,13 @@ class JobCgroup:
         return found
 
     def empty(self, dirs: list[Path] | None = None) -> bool:
-        """Whether no process is in the group (in ``dirs``, default every hierarchy)."""
-        try:
-            return not any(
-                self.files.read(path / "cgroup.procs", 16).strip()
-                for path in (self.dirs if dirs is None else dirs)
-            )
-        except OSError:
-            return False  # not provably empty
+        """Whether no process is in the group (in ``dirs``, default every hierarchy); a
+        directory that is gone holds none, as for ``pids``."""
+        for path in self.dirs if dirs is None else dirs:
+            with contextlib.suppress(OSError):
+                if self.files.read(path / "cgroup.procs", 16).strip():
+                    return False
+        return True
 
     def kill(self, wait_s: float = 5.0) -> bool:
         """Kill every process in the group, even ones that called setsid; True when empty."""
