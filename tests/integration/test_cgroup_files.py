@@ -24,8 +24,11 @@ def test_a_group_made_anew_is_still_the_one_killed(is_root):
     group = JobCgroup.create(name, 64 * 1024 * 1024, 64)
     sleeper = None
     try:
-        assert group.empty() and group.cpu_ns() >= 0  # the files are open now
-        assert group.files._fds
+        # the files are open now: procs, the CPU counter, and the kill file
+        assert group.empty() and group.cpu_ns() >= 0 and group.kill(wait_s=1)
+        opened = {path.name for path, _ in group.files._fds}
+        kill_file = {"cgroup.kill"} if group.layout.kill_v2 is not None else set()
+        assert {"cgroup.procs", *kill_file} <= opened, opened
         for path in list(group.dirs):
             path.rmdir()  # as if someone removed and remade the slot's group
             path.mkdir()
