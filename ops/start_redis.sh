@@ -15,6 +15,8 @@ if [ -z "$dir" ]; then
   dir=/var/lib/sandfarm-redis
   [ "$(id -u)" = 0 ] || dir=${TMPDIR:-/tmp}/sandfarm-redis-$(id -u)
 fi
+# its parents as the caller's umask makes them (a 077 parent would hide what else is there)
+mkdir -p "$(dirname "$dir")"
 umask 077
 mkdir -p "$dir"
 chmod 0700 "$dir"

@@ -7,55 +7,61 @@ as the slot holds it (``JobCgroup.remove`` closes them); should its directory be
 anew all the same, the old descriptor fails (ENODEV) and the path is opened again, so a
 kill never goes to a group that is gone. The descriptors are the worker's: close-on-exec,
 and a job's process is started with ``close_fds``.
+
+Only files the kernel renders afresh on every read belong here: a cgroup v1
+``cgroup.procs`` keeps the pid list of an open file for a second after its last read
+(``JobCgroup.empty`` opens those anew).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 READ_MAX = 64 * 1024  # counters and "is anyone here": far below this
+T = TypeVar("T")
 
 
 class OpenFiles:
     def __init__(self) -> None:
         self._fds: dict[tuple[Path, int], int] = {}
-        self._lock = threading.Lock()  # the prewarm thread and a job's share a slot
+        self._closed = False
+        # Held across each read and write: a descriptor is never closed (and its number
+        # reused) under a thread still using it.
+        self._lock = threading.Lock()
 
     def read(self, path: Path, size: int = READ_MAX) -> bytes:
         """Up to ``size`` bytes of the file from its start (raises OSError)."""
-        try:
-            return os.pread(self._fd(path, os.O_RDONLY), size, 0)
-        except OSError:
-            self._forget(path, os.O_RDONLY)
-            return os.pread(self._fd(path, os.O_RDONLY), size, 0)
+        return self._on(path, os.O_RDONLY, lambda fd: os.pread(fd, size, 0))
 
     def write(self, path: Path, data: bytes) -> None:
-        try:
-            os.pwrite(self._fd(path, os.O_WRONLY), data, 0)
-        except OSError:
-            self._forget(path, os.O_WRONLY)
-            os.pwrite(self._fd(path, os.O_WRONLY), data, 0)
+        self._on(path, os.O_WRONLY, lambda fd: os.pwrite(fd, data, 0))
 
-    def _fd(self, path: Path, mode: int) -> int:
+    def _on(self, path: Path, mode: int, op: Callable[[int], T]) -> T:
+        key = (path, mode)
         with self._lock:
-            fd = self._fds.get((path, mode))
-            if fd is None:
-                fd = os.open(path, mode | os.O_CLOEXEC)
-                self._fds[(path, mode)] = fd
-            return fd
-
-    def _forget(self, path: Path, mode: int) -> None:
-        # One user at a time per slot group (the slot's job, or the prewarm thread once
-        # the job has given it back): closing cannot pull a descriptor from under another.
-        with self._lock:
-            fd = self._fds.pop((path, mode), None)
-        if fd is not None:
-            os.close(fd)
+            if self._closed:
+                raise OSError(errno.EBADF, "the group's files are closed", str(path))
+            for attempt in (0, 1):
+                fd = self._fds.get(key)
+                if fd is None:
+                    fd = os.open(path, mode | os.O_CLOEXEC)
+                    self._fds[key] = fd
+                try:
+                    return op(fd)
+                except OSError:
+                    del self._fds[key]
+                    os.close(fd)
+                    if attempt:
+                        raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
+            fds, self._fds, self._closed = list(self._fds.values()), {}, True
         for fd in fds:
             os.close(fd)

@@ -282,12 +282,25 @@ class JobCgroup:
         return found
 
     def empty(self, dirs: list[Path] | None = None) -> bool:
-        """Whether no process is in the group (in ``dirs``, default every hierarchy); a
-        directory that is gone holds none, as for ``pids``."""
+        """Whether no process is provably in the group (in ``dirs``, default every
+        hierarchy): a directory that is gone holds none; any other error says not empty.
+        The cgroup2 file is kept open; a v1 one (it caches its pid list per open file
+        for a second) is opened anew."""
+        v2 = self.layout.kill_v2
         for path in self.dirs if dirs is None else dirs:
-            with contextlib.suppress(OSError):
-                if self.files.read(path / "cgroup.procs", 16).strip():
-                    return False
+            procs = path / "cgroup.procs"
+            try:
+                if v2 is not None and path.parent == v2:
+                    head = self.files.read(procs, 16)
+                else:
+                    with open(procs, "rb") as f:
+                        head = f.read(16)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+            if head.strip():
+                return False
         return True
 
     def kill(self, wait_s: float = 5.0) -> bool:

@@ -66,6 +66,7 @@ def job_shared_dir(prefix: str) -> Path:
     backend gives every job its own /tmp, /var/tmp and /dev/shm."""
     base = Path("/var/lib/sandfarm-tests")
     base.mkdir(mode=0o755, parents=True, exist_ok=True)
+    base.chmod(0o755)  # whatever made it first (an older ops/start_redis.sh made it 0700)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     path.chmod(0o777)
     return path

@@ -315,8 +315,9 @@ def _read_all(fd: int) -> bytes:
 
 def write_script(path: Path, source: str, gid: int | None) -> None:
     """A step's script, readable by its slot's group only (not by other slots): one
-    open, write and fchown, no path lookup after the first."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    open, write and fchown, no path lookup after the first. Each step's name is new in a
+    session's fresh scripts directory: a file already there is refused (O_EXCL)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o640 if gid is not None else 0o644)
     try:
         data = memoryview(source.encode())

@@ -49,3 +49,25 @@ def test_a_group_made_anew_is_still_the_one_killed(is_root):
             sleeper.kill()
         group.kill()
         group.remove()
+
+
+def test_a_v1_group_is_read_afresh(is_root):
+    """cgroup v1 keeps an open cgroup.procs' pid list for a second: never trust it."""
+    require(is_root and cgroups.detect().can_kill_tree, "needs root and a cgroup tree kill")
+    group = JobCgroup.create(f"openfiles-v1-{os.getpid()}", 64 * 1024 * 1024, 64)
+    v1 = [p for p in group.dirs if p.parent != group.layout.kill_v2]
+    sleeper = None
+    try:
+        require(bool(v1), "no cgroup v1 hierarchy here")
+        assert group.empty(v1)  # read once: a kept-open file would cache this
+        sleeper = subprocess.Popen(["sleep", "60"])
+        _join(group, sleeper.pid)
+        for path in v1:
+            assert str(sleeper.pid) in (path / "cgroup.procs").read_text()  # it is there
+            assert not group.empty([path])  # and seen at once
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait()
+        group.kill()
+        group.remove()
