@@ -10,11 +10,13 @@ and a job's process is started with ``close_fds``.
 
 Only files the kernel renders afresh on every read belong here: a cgroup v1
 ``cgroup.procs`` keeps the pid list of an open file for a second after its last read
-(``JobCgroup.empty`` opens those anew).
+(``JobCgroup.empty`` opens those anew). Below: the OOM counter's file and format, which
+the docker backend's host cgroup reads too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -65,3 +67,24 @@ class OpenFiles:
             fds, self._fds, self._closed = list(self._fds.values()), {}, True
         for fd in fds:
             os.close(fd)
+
+
+def oom_file(v2: bool) -> str:
+    """The file of a memory cgroup that counts OOM kills (v2, or v1's oom_control)."""
+    return "memory.events" if v2 else "memory.oom_control"
+
+
+def read_oom_kills(path: Path) -> int:
+    """The ``oom_kill`` counter of a memory.events / memory.oom_control file; 0 if absent."""
+    with contextlib.suppress(OSError):
+        return parse_oom_kills(path.read_text())
+    return 0
+
+
+def parse_oom_kills(text: str) -> int:
+    with contextlib.suppress(ValueError):
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from sandbox_core.cgroupfiles import OpenFiles
+from sandbox_core.cgroupfiles import OpenFiles, oom_file, parse_oom_kills
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT_NAME = "sandfarm"
@@ -303,6 +303,12 @@ class JobCgroup:
                 return False
         return True
 
+    def none_left(self) -> bool:
+        """Whether the group holds no process. The killing hierarchy's group holds every
+        job process (a job joins all of them and cannot leave one): reading it alone is
+        enough, and cheaper (on cgroup2, its file is kept open)."""
+        return self.empty(self._kill_dirs())
+
     def kill(self, wait_s: float = 5.0) -> bool:
         """Kill every process in the group, even ones that called setsid; True when empty."""
         deadline = time.monotonic() + wait_s
@@ -317,9 +323,7 @@ class JobCgroup:
                 for pid in self.pids():
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, 9)
-            # The killing hierarchy's group holds every job process (a job joins all of
-            # them and cannot leave one): reading it alone is enough, and cheaper.
-            if self.empty(self._kill_dirs()):
+            if self.none_left():
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -363,27 +367,6 @@ class JobCgroup:
                 except OSError:
                     time.sleep(0.01)
         self.dirs.clear()
-
-
-def oom_file(v2: bool) -> str:
-    """The file of a memory cgroup that counts OOM kills (v2, or v1's oom_control)."""
-    return "memory.events" if v2 else "memory.oom_control"
-
-
-def read_oom_kills(path: Path) -> int:
-    """The ``oom_kill`` counter of a memory.events / memory.oom_control file; 0 if absent."""
-    with contextlib.suppress(OSError):
-        return parse_oom_kills(path.read_text())
-    return 0
-
-
-def parse_oom_kills(text: str) -> int:
-    with contextlib.suppress(ValueError):
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    return 0
 
 
 def remove_stale(name: str) -> int:

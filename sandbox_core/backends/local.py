@@ -82,7 +82,7 @@ class LocalBackend(Backend):
             slot = self.slots.take(timeout_s=0)
         except SlotBusyError:
             return None
-        if slot.cgroup is None or not slot.cgroup.empty():  # not provably empty: no standby
+        if slot.cgroup is None or not slot.cgroup.none_left():  # not provably empty: none
             self.slots.give(slot)
             return None
         try:

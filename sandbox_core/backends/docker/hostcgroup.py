@@ -9,7 +9,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox_core.cgroups import CGROUP_ROOT, oom_file, read_oom_kills
+from sandbox_core.cgroupfiles import oom_file, read_oom_kills
+from sandbox_core.cgroups import CGROUP_ROOT
 
 
 class ContainerCgroup:
