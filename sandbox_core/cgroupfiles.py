@@ -1,12 +1,12 @@
 """A slot's cgroup files, opened once and re-read or re-written job after job.
 
 Each step reads its group's CPU and OOM counters before and after, and kills and checks
-the group after: five opens of kernfs files per job, ~50 µs each on our 2-core VM, where
-a ``pread``/``pwrite`` on an open descriptor costs a few. A slot's group lives as long
-as the slot holds it (``JobCgroup.remove`` closes them); should its directory be made
-anew all the same, the old descriptor fails (ENODEV) and the path is opened again, so a
-kill never goes to a group that is gone. The descriptors are the worker's: close-on-exec,
-and a job's process is started with ``close_fds``.
+the group after: five opens of kernfs files per job, tens of µs each on our 2-core VM (a
+one-off cProfile), where a ``pread``/``pwrite`` on an open descriptor costs a few. A
+slot's group lives as long as the slot holds it (``JobCgroup.remove`` closes them);
+should its directory be made anew all the same, the old descriptor fails (ENODEV) and
+the path is opened again, so a kill never goes to a group that is gone. The descriptors
+are the worker's: close-on-exec, and a job's process is started with ``close_fds``.
 
 Only files the kernel renders afresh on every read belong here: a cgroup v1
 ``cgroup.procs`` keeps the pid list of an open file for a second after its last read

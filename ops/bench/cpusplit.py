@@ -9,7 +9,6 @@ their sandbox helpers), the worker's reaper, Redis, and this process (the client
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 _TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
@@ -33,9 +32,7 @@ def _children(pid: int) -> list[int]:
     return [int(v) for v in text.split()]
 
 
-@dataclass
-class Snapshot:
-    parts: dict[str, float] = field(default_factory=dict)
+Snapshot = dict[str, float]  # part -> CPU ms so far
 
 
 def snapshot(worker_pid: int, redis_pid: int | None) -> Snapshot:
@@ -61,21 +58,18 @@ def snapshot(worker_pid: int, redis_pid: int | None) -> Snapshot:
     if redis_pid:
         parts["redis"] = _times(redis_pid)[0]
     parts["client"] = _times(os.getpid())[0]
-    return Snapshot(parts)
+    return parts
 
 
 def this_process() -> Snapshot:
     """CPU ms so far of this process and of the children it reaped (a bare run's jobs)."""
     own, reaped = _times(os.getpid())
-    return Snapshot({"client": own, "jobs": reaped})
+    return {"client": own, "jobs": reaped}
 
 
 def per_job(before: Snapshot, after: Snapshot, jobs: int) -> str:
     """One line: CPU ms per job by part, and their total."""
-    items = [
-        (name, (after.parts.get(name, 0.0) - before.parts.get(name, 0.0)) / jobs)
-        for name in after.parts
-    ]
+    items = [(name, (after.get(name, 0.0) - before.get(name, 0.0)) / jobs) for name in after]
     total = sum(v for _, v in items)
     text = " ".join(f"{name}={value:.2f}" for name, value in items)
     return f"cpu_per_job_ms: {text} total={total:.2f}"

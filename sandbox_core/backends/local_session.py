@@ -316,15 +316,14 @@ def _read_all(fd: int) -> bytes:
 def write_script(path: Path, source: str, gid: int | None) -> None:
     """A step's script, readable by its slot's group only (not by other slots): one
     open, write and fchown, no path lookup after the first. Each step's name is new in a
-    session's fresh scripts directory: a file already there is refused (O_EXCL)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o640 if gid is not None else 0o644)
-    try:
-        data = memoryview(source.encode())
-        while data:
-            data = data[os.write(fd, data) :]
+    session's fresh scripts directory: a file already there is refused ("x", O_EXCL)."""
+    mode = 0o640 if gid is not None else 0o644
+
+    def no_symlink(name: str, flags: int) -> int:
+        return os.open(name, flags | os.O_NOFOLLOW, mode)
+
+    with open(path, "xb", opener=no_symlink) as script:
+        script.write(source.encode())
         if gid is not None:
-            os.fchown(fd, 0, gid)
-            os.fchmod(fd, 0o640)
-    finally:
-        os.close(fd)
+            os.fchown(script.fileno(), 0, gid)
+            os.fchmod(script.fileno(), 0o640)
