@@ -27,7 +27,8 @@ from sandbox_core.backends.docker.containers import (
     reap_orphans,
     remove_container,
 )
-from sandbox_core.backends.docker.pool import Remover, WarmPool
+from sandbox_core.backends.docker.launcher import arm
+from sandbox_core.backends.docker.pool import Remover, WarmContainer, WarmPool
 from sandbox_core.backends.docker.session import DockerSession
 from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
 from sandbox_core.models import JobSpec, Limits
@@ -177,13 +178,25 @@ class DockerBackend(Backend):
     def _remove(self, container_id: str) -> None:
         remove_container(self.client, container_id)
 
-    def take_container(self, profile: Profile, slot: slots.Slot, job_id: str | None) -> str:
+    def take_container(
+        self, profile: Profile, slot: slots.Slot, job_id: str | None
+    ) -> WarmContainer:
         uid = slot_uid(slot)
         if self.config.warm_pool > 0 and profile == self.default_profile:
             container = self._pool(profile, slot).take()
             if container is not None:
                 return container
-        return self.create(profile, uid, job_id)
+        return WarmContainer(self.create(profile, uid, job_id))
+
+    def _create_warm(self, profile: Profile, uid: int) -> WarmContainer:
+        """A pool's container, its first step's launcher armed (see launcher.py)."""
+        container_id = self.create(profile, uid, "pool")
+        return WarmContainer(container_id, arm(self.client.api, container_id, uid))
+
+    def _remove_warm(self, container: WarmContainer) -> None:
+        if container.launcher is not None:
+            container.launcher.close()
+        self._remove(container.id)
 
     @cached_property
     def default_profile(self) -> Profile:
@@ -198,8 +211,8 @@ class DockerBackend(Backend):
                 self._pools[key] = WarmPool(
                     profile,
                     self.config.warm_pool,
-                    lambda p: self.create(p, uid, "pool"),
-                    self._remove,
+                    lambda p: self._create_warm(p, uid),
+                    self._remove_warm,
                 )
             return self._pools[key]
 
@@ -231,7 +244,7 @@ class DockerBackend(Backend):
         prewarm.vacate(self.slots.index)  # a local backend's standby shares no slot with us
         with self.slots.borrow() as slot:
             container = self.take_container(profile, slot, spec.id)
-            session = DockerSession(self, spec, container, slot_uid(slot))
+            session = DockerSession(self, spec, container.id, slot_uid(slot), container.launcher)
             try:
                 yield session
             finally:

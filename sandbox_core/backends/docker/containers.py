@@ -4,9 +4,10 @@ A container is read-only, has no network (unless the job may use it), no capabil
 no new privileges, the farm's seccomp allowlist (sandbox_core.seccomp), an init reaping
 zombies, pids/memory/CPU caps, and a devpts instance of its own bounded by the job's
 ``ptys``. A keeper process (KEEPER_UID) holds it open; each step is a `docker exec` as
-the slot's uid, which is no host account, shared with no other concurrent job, and
-cannot signal the keeper. Every container is labelled with a host-unique identity of
-its owner, so a reaper anywhere on the host can tell a dead owner from a live one.
+the slot's uid (a warm container's first step: the exec armed ahead, launcher.py), which
+is no host account, shared with no other concurrent job, and cannot signal the keeper.
+Every container is labelled with a host-unique identity of its owner, so a reaper
+anywhere on the host can tell a dead owner from a live one.
 """
 
 from __future__ import annotations
@@ -148,11 +149,13 @@ def create_container(
             security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
             mem_limit=profile.memory_mb * mib,
             memswap_limit=profile.memory_mb * mib,
-            # + init and keeper (the farm's helpers never run beside a step); nproc binds
-            # the job's uid exactly: it is the slot's, which nothing else on the host uses
+            # + init and keeper (the farm's helpers never run beside a step): the
+            # container's exact bound. nproc counts the slot's uid host-wide, which
+            # nothing else uses but the launchers armed in the slot's warm pool (one per
+            # pooled container, launcher.py): it has room for those.
             pids_limit=profile.processes + 2,
             nano_cpus=int(profile.cpus * 1e9),
-            ulimits=_ulimits(profile),
+            ulimits=_ulimits(profile, config.warm_pool),
             runtime=config.runtime,
             labels={**labels, PTS_LABEL: str(pts or "")},
             environment={"HOME": WORKSPACE, "TMPDIR": "/tmp"},
@@ -186,13 +189,14 @@ def _remove_devpts(path: Path) -> None:
         path.rmdir()
 
 
-def _ulimits(profile: Profile) -> list[Any]:
+def _ulimits(profile: Profile, armed_launchers: int) -> list[Any]:
     from docker.types import Ulimit
 
     fsize = profile.file_size_mb * d.MIB
+    nproc = profile.processes + armed_launchers
     return [
         Ulimit(name="nofile", soft=profile.open_files, hard=profile.open_files),
-        Ulimit(name="nproc", soft=profile.processes, hard=profile.processes),
+        Ulimit(name="nproc", soft=nproc, hard=nproc),
         Ulimit(name="fsize", soft=fsize, hard=fsize),
         Ulimit(name="core", soft=0, hard=0),
         Ulimit(name="cpu", soft=profile.cpu_s, hard=profile.cpu_s + 1),

@@ -7,8 +7,18 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sandbox_core.backends.docker.containers import Profile
+from sandbox_core.backends.docker.launcher import Launcher
+
+
+@dataclass
+class WarmContainer:
+    """A started container and, where it came up, its first step's launcher."""
+
+    id: str
+    launcher: Launcher | None = None
 
 
 class WarmPool:
@@ -18,14 +28,14 @@ class WarmPool:
         self,
         profile: Profile,
         size: int,
-        create: Callable[[Profile], str],
-        remove: Callable[[str], None],
+        create: Callable[[Profile], WarmContainer],
+        remove: Callable[[WarmContainer], None],
     ) -> None:
         self.profile = profile
         self.size = size
         self._create = create
         self._remove = remove
-        self._ready: queue.Queue[str] = queue.Queue()
+        self._ready: queue.Queue[WarmContainer] = queue.Queue()
         self._wanted = threading.Semaphore(0)
         self._closed = threading.Event()
         for _ in range(size):
@@ -57,13 +67,13 @@ class WarmPool:
             time.sleep(0.01)
         return True
 
-    def take(self) -> str | None:
+    def take(self) -> WarmContainer | None:
         try:
-            container_id = self._ready.get_nowait()
+            container = self._ready.get_nowait()
         except queue.Empty:
             return None
         self._wanted.release()  # refill in the background
-        return container_id
+        return container
 
     def close(self) -> None:
         self._closed.set()

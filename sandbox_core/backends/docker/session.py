@@ -1,5 +1,6 @@
-"""One job's container: each step a `docker exec` supervised like a host process, files
-through bounded helper commands, leftovers swept from the host between steps."""
+"""One job's container: each step a `docker exec` supervised like a host process (a warm
+container's first step through its armed launcher), files through bounded helper
+commands, leftovers swept from the host between steps."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sandbox_core import defaults as d
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
+from sandbox_core.backends.docker.launcher import Launcher
 from sandbox_core.backends.docker.stream import FrameDemux
 from sandbox_core.backends.docker.transfer import FileTransfer
 from sandbox_core.backends.steps import clean_environment, inline_argv, script_argv, source_of
@@ -39,10 +41,19 @@ _HELPER_MAX_S = 60.0
 
 
 class DockerSession(Session):
-    def __init__(self, backend: DockerBackend, spec: JobSpec, container_id: str, uid: int) -> None:
+    def __init__(
+        self,
+        backend: DockerBackend,
+        spec: JobSpec,
+        container_id: str,
+        uid: int,
+        launcher: Launcher | None = None,
+    ) -> None:
         self.backend = backend
         self.spec = spec
         self.id = container_id
+        self.launcher = launcher  # the first step's exec, started ahead (warm pool)
+        self.prewarmed = False
         self.uid = uid  # the slot's: the job's processes, and the farm's helpers
         self.api: Any = backend.client.api
         self.cgroup = ContainerCgroup(container_id)
@@ -62,19 +73,12 @@ class DockerSession(Session):
         deadline: float,
         cancel: threading.Event | None = None,
         env: dict[str, str] | None = None,
+        launcher: Launcher | None = None,
     ) -> ExecOutcome:
         out = ExecOutcome.for_limits(limits)
         started = time.monotonic()
         started_ns = time.monotonic_ns()
-        exec_id = self.api.exec_create(
-            self.id,
-            argv,
-            stdin=stdin is not None,
-            user=f"{self.uid}:{self.uid}",
-            workdir=WORKSPACE,
-            environment=env,
-        )["Id"]
-        raw = self.api.exec_start(exec_id, socket=True)._sock
+        exec_id, raw = self._launch(argv, stdin, env, launcher)
         out.spawn_ms = (time.monotonic() - started) * 1000
         # The container is killed after the stream is shut (see below), never from
         # inside the loop; leftovers of a step that exited are swept before the next.
@@ -82,11 +86,6 @@ class DockerSession(Session):
             out, limits, deadline, cancel, lambda: None, lambda: None, kill_drain_s=0.0
         )
         try:
-            if stdin is not None:
-                with contextlib.suppress(OSError):
-                    raw.sendall(stdin)
-                with contextlib.suppress(OSError):
-                    raw.shutdown(socket.SHUT_WR)
             self._pump(raw, exec_id, out, supervisor)
         finally:
             # first: the engine blocks a kill for 10 s while our socket has unread output
@@ -110,6 +109,38 @@ class DockerSession(Session):
         else:
             out.signal = 9
         return out
+
+    def _launch(
+        self,
+        argv: list[str],
+        stdin: bytes | None,
+        env: dict[str, str] | None,
+        launcher: Launcher | None,
+    ) -> tuple[str, socket.socket]:
+        """Start ``argv``: through the armed launcher when there is one (one write), else
+        by a new exec; returns the exec's id and its stream, stdin already fed."""
+        if launcher is not None:
+            try:
+                launcher.start(argv, env or {}, stdin)
+                self.prewarmed = True
+                return launcher.exec_id, launcher.sock
+            except OSError:  # its stream broke before the whole message: nothing ran
+                launcher.close()
+        exec_id = self.api.exec_create(
+            self.id,
+            argv,
+            stdin=stdin is not None,
+            user=f"{self.uid}:{self.uid}",
+            workdir=WORKSPACE,
+            environment=env,
+        )["Id"]
+        raw = self.api.exec_start(exec_id, socket=True)._sock
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                raw.sendall(stdin)
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_WR)
+        return exec_id, raw
 
     def _inspect(self, exec_id: str) -> dict[str, Any] | None:
         try:
@@ -230,6 +261,7 @@ class DockerSession(Session):
         ooms_before = self.cgroup.oom_kills()
         cpu_before = self.cgroup.cpu_ns()
         self.dirty = True
+        launcher, self.launcher = self.launcher, None  # the first step's only
         outcome = self._exec(
             argv,
             stdin=step.stdin.encode() if step.stdin is not None else None,
@@ -237,6 +269,7 @@ class DockerSession(Session):
             deadline=deadline,
             cancel=cancel,
             env=env,
+            launcher=launcher,
         )
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count; 0 where the cgroup went with the container (killed)
@@ -258,4 +291,7 @@ class DockerSession(Session):
 
     def close(self) -> None:
         self.dead = True
+        if self.launcher is not None:  # a job that ran no step
+            self.launcher.close()
+            self.launcher = None
         self.backend.remove_later(self.id)

@@ -15,6 +15,11 @@ class FrameDemux:
     def __init__(self) -> None:
         self._pending = bytearray()
 
+    @property
+    def pending(self) -> int:
+        """Bytes received of a frame not yet whole."""
+        return len(self._pending)
+
     def feed(self, chunk: bytes) -> list[tuple[int, bytes]]:
         self._pending += chunk
         frames: list[tuple[int, bytes]] = []
