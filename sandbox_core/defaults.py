@@ -51,6 +51,10 @@ MAX_SLOTS = 256
 # The Docker backend's keeper process (holds a container open between steps): a uid of
 # its own, so no job (a slot uid) can signal it. Like the slot uids, no host account.
 KEEPER_UID = SLOT_UID_BASE - 1
+# The Docker backend's jobs: slot i runs them as DOCKER_UID_BASE + i, a range no host
+# backend uses, so no process or standby of a host job shares a uid (its /proc view,
+# signals, per-uid limits) with a container's processes or its armed launchers.
+DOCKER_UID_BASE = SLOT_UID_BASE + MAX_SLOTS
 # After the main process of a step exits, how long daemonised leftovers may keep
 # writing before the step's process tree is killed.
 EXIT_DRAIN_S = 0.2

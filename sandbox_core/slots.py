@@ -44,10 +44,10 @@ def slot_of_uid(uid: int) -> int | None:
 
 @cache
 def uid_range_problem() -> str | None:
-    """Why the slot uids (and the Docker keeper's) cannot be used here, or None: none of
-    them may be a host account, whose other processes would share the job's per-uid
-    kernel limits and could ptrace it."""
-    for uid in range(d.KEEPER_UID, d.SLOT_UID_BASE + d.MAX_SLOTS):
+    """Why the slot uids (the host backends' and Docker's, and the Docker keeper's) cannot
+    be used here, or None: none of them may be a host account, whose other processes
+    would share the job's per-uid kernel limits and could ptrace it."""
+    for uid in range(d.KEEPER_UID, d.DOCKER_UID_BASE + d.MAX_SLOTS):
         with contextlib.suppress(KeyError):
             return f"uid {uid} is the host account {pwd.getpwuid(uid).pw_name!r}"
         with contextlib.suppress(KeyError):

@@ -106,7 +106,8 @@ def test_job_is_not_root_and_has_no_capabilities(docker_backend):
     result = _run(docker_backend, command="id -u; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")
     lines = result.steps[0].stdout.split()
     assert len(lines) == 7, result  # the uid and three capability sets were read
-    assert d.SLOT_UID_BASE <= int(lines[0]) < d.SLOT_UID_BASE + d.MAX_SLOTS  # a slot's uid
+    # a slot's uid in the Docker range, which no host backend's job shares
+    assert d.DOCKER_UID_BASE <= int(lines[0]) < d.DOCKER_UID_BASE + d.MAX_SLOTS
     caps = dict(zip(lines[1::2], lines[2::2], strict=False))
     assert caps == {
         "CapPrm:": "0000000000000000",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from sandbox_core import defaults as d
 from sandbox_core import slots
 from sandbox_core.backends import prewarm
 from sandbox_core.backends.base import Backend, Protection
@@ -189,8 +190,11 @@ class DockerBackend(Backend):
         return WarmContainer(self.create(profile, uid, job_id))
 
     def _create_warm(self, profile: Profile, uid: int) -> WarmContainer:
-        """A pool's container, its first step's launcher armed (see launcher.py)."""
+        """A pool's container, its first step's launcher armed (see launcher.py) under
+        runc, the runtime it is tested on (Debian's runsc loses its sentry on it here)."""
         container_id = self.create(profile, uid, "pool")
+        if self.config.runtime != "runc":
+            return WarmContainer(container_id)
         return WarmContainer(container_id, arm(self.client.api, container_id, uid))
 
     def _remove_warm(self, container: WarmContainer) -> None:
@@ -265,5 +269,6 @@ def _engine_cause(exc: Exception) -> str:
 
 
 def slot_uid(slot: slots.Slot) -> int:
-    """The uid a slot's container jobs run as (one for all where the worker is not root)."""
-    return slot.uid if slot.uid is not None else UNPRIVILEGED_JOB_UID
+    """The uid a slot's container jobs run as: the slot's in the Docker range, which no
+    host backend's job shares (one for all where the worker is not root)."""
+    return d.DOCKER_UID_BASE + slot.index if slot.uid is not None else UNPRIVILEGED_JOB_UID

@@ -16,7 +16,7 @@ from sandbox_core import defaults as d
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
-from sandbox_core.backends.docker.launcher import Launcher
+from sandbox_core.backends.docker.launcher import Launcher, LauncherGone, feed_stdin
 from sandbox_core.backends.docker.stream import FrameDemux
 from sandbox_core.backends.docker.transfer import FileTransfer
 from sandbox_core.backends.steps import clean_environment, inline_argv, script_argv, source_of
@@ -78,7 +78,7 @@ class DockerSession(Session):
         out = ExecOutcome.for_limits(limits)
         started = time.monotonic()
         started_ns = time.monotonic_ns()
-        exec_id, raw = self._launch(argv, stdin, env, launcher)
+        exec_id, raw, early = self._launch(argv, stdin, env, launcher, deadline)
         out.spawn_ms = (time.monotonic() - started) * 1000
         # The container is killed after the stream is shut (see below), never from
         # inside the loop; leftovers of a step that exited are swept before the next.
@@ -86,7 +86,7 @@ class DockerSession(Session):
             out, limits, deadline, cancel, lambda: None, lambda: None, kill_drain_s=0.0
         )
         try:
-            self._pump(raw, exec_id, out, supervisor)
+            self._pump(raw, exec_id, out, supervisor, early)
         finally:
             # first: the engine blocks a kill for 10 s while our socket has unread output
             with contextlib.suppress(OSError):
@@ -116,16 +116,24 @@ class DockerSession(Session):
         stdin: bytes | None,
         env: dict[str, str] | None,
         launcher: Launcher | None,
-    ) -> tuple[str, socket.socket]:
+        deadline: float,
+    ) -> tuple[str, socket.socket, bytes]:
         """Start ``argv``: through the armed launcher when there is one (one write), else
-        by a new exec; returns the exec's id and its stream, stdin already fed."""
+        by a new exec; returns the exec's id, its stream (stdin fed) and any output that
+        came with the launcher's ack."""
         if launcher is not None:
             try:
-                launcher.start(argv, env or {}, stdin)
-                self.prewarmed = True
-                return launcher.exec_id, launcher.sock
-            except OSError:  # its stream broke before the whole message: nothing ran
+                early = launcher.start(argv, env or {}, stdin)
+            except LauncherGone:  # it died waiting: nothing ran, a plain exec runs it
                 launcher.close()
+            except OSError:  # silent: it may hold the message, so nothing runs beside it
+                launcher.close()
+                self.kill()
+                raise
+            else:
+                self.prewarmed = True
+                feed_stdin(launcher.sock, stdin, deadline)
+                return launcher.exec_id, launcher.sock, early
         exec_id = self.api.exec_create(
             self.id,
             argv,
@@ -136,11 +144,8 @@ class DockerSession(Session):
         )["Id"]
         raw = self.api.exec_start(exec_id, socket=True)._sock
         if stdin is not None:
-            with contextlib.suppress(OSError):
-                raw.sendall(stdin)
-            with contextlib.suppress(OSError):
-                raw.shutdown(socket.SHUT_WR)
-        return exec_id, raw
+            feed_stdin(raw, stdin, deadline)
+        return exec_id, raw, b""
 
     def _inspect(self, exec_id: str) -> dict[str, Any] | None:
         try:
@@ -160,7 +165,12 @@ class DockerSession(Session):
         return watcher.status(pid, since_ns) if isinstance(pid, int) and pid > 0 else None
 
     def _pump(
-        self, raw: socket.socket, exec_id: str, out: ExecOutcome, supervisor: Supervisor
+        self,
+        raw: socket.socket,
+        exec_id: str,
+        out: ExecOutcome,
+        supervisor: Supervisor,
+        early: bytes = b"",
     ) -> None:
         """Demultiplex the engine's framed stream into the two head+tail buffers until
         the stream ends or the supervisor says stop. The exec's state is polled too, so
@@ -169,6 +179,9 @@ class DockerSession(Session):
         sel.register(raw, selectors.EVENT_READ)
         demux = FrameDemux()
         streams = {1: out.stdout, 2: out.stderr}
+        for kind, payload in demux.feed(early):
+            if kind in streams:
+                supervisor.wrote(streams[kind], payload)
         next_poll = time.monotonic() + _EXEC_POLL_S
         try:
             while True:
@@ -290,8 +303,13 @@ class DockerSession(Session):
             self.api.kill(self.id)
 
     def close(self) -> None:
-        self.dead = True
+        """Leftovers die before the slot is released (they would count against the next
+        job's per-uid limits while the container is removed), removal behind."""
         if self.launcher is not None:  # a job that ran no step
             self.launcher.close()
             self.launcher = None
+        if self.dirty:
+            with contextlib.suppress(Exception):
+                kill_until_gone(self._job_pids)
+        self.dead = True
         self.backend.remove_later(self.id)
