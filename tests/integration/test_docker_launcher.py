@@ -299,3 +299,21 @@ def test_a_jobs_leftovers_are_gone_before_its_slot_is_released(warm: DockerBacke
         argv for argv in processes_of(DOCKER_UID).values() if argv[:2] == [b"sleep", b"60"]
     ]
     assert leftovers == []
+
+
+@pytest.mark.parametrize("limits", [{}, COLD], ids=["warm", "cold"])
+def test_a_step_that_writes_before_it_reads_its_stdin_does_not_deadlock(
+    warm: DockerBackend, limits: dict[str, int]
+) -> None:
+    code = (
+        "import sys; sys.stdout.write('x' * (4 << 20)); sys.stdout.flush();"
+        " print(len(sys.stdin.read()))"
+    )
+    spec = {
+        "steps": [{"kind": "python", "code": code, "stdin": "y" * 2**20}],
+        "limits": {"timeout_s": 20, **limits},
+    }
+    result = run(warm, spec)
+    assert result.timings.phases.prewarmed is (limits == {})
+    assert result.status.value == "succeeded", result.message  # fed while it wrote
+    assert result.steps[0].stdout.endswith("1048576\n")  # all of its stdin, then EOF

@@ -40,6 +40,17 @@ _HELPER_GRACE_S = 5.0
 _HELPER_MAX_S = 60.0
 
 
+def _feed_beside(sock: socket.socket, stdin: bytes | None, deadline: float) -> None:
+    """Feed a step's stdin on a thread of its own while the caller pumps its output: a
+    step that writes before it reads cannot deadlock against the feed."""
+    if not stdin:
+        feed_stdin(sock, stdin, deadline)  # EOF at once
+        return
+    threading.Thread(
+        target=feed_stdin, args=(sock, stdin, deadline), name="stdin", daemon=True
+    ).start()
+
+
 class DockerSession(Session):
     def __init__(
         self,
@@ -132,7 +143,7 @@ class DockerSession(Session):
                 raise
             else:
                 self.prewarmed = True
-                feed_stdin(launcher.sock, stdin, deadline)
+                _feed_beside(launcher.sock, stdin, deadline)
                 return launcher.exec_id, launcher.sock, early
         exec_id = self.api.exec_create(
             self.id,
@@ -144,7 +155,7 @@ class DockerSession(Session):
         )["Id"]
         raw = self.api.exec_start(exec_id, socket=True)._sock
         if stdin is not None:
-            feed_stdin(raw, stdin, deadline)
+            _feed_beside(raw, stdin, deadline)
         return exec_id, raw, b""
 
     def _inspect(self, exec_id: str) -> dict[str, Any] | None:
@@ -309,7 +320,10 @@ class DockerSession(Session):
             self.launcher.close()
             self.launcher = None
         if self.dirty:
-            with contextlib.suppress(Exception):
-                kill_until_gone(self._job_pids)
+            if self.cgroup.pids() is not None:
+                with contextlib.suppress(Exception):
+                    kill_until_gone(self._job_pids)
+            elif not self.dead:  # no host view of its processes: kill it whole
+                self.kill()
         self.dead = True
         self.backend.remove_later(self.id)
