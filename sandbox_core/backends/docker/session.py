@@ -38,17 +38,25 @@ _EXEC_POLL_S = 0.25
 # timeout), never more than _HELPER_MAX_S: a leftover cannot hold the sandbox longer.
 _HELPER_GRACE_S = 5.0
 _HELPER_MAX_S = 60.0
+# A feeder whose socket was shut returns at once; this is only a bound.
+_FEEDER_JOIN_S = 5.0
 
 
-def _feed_beside(sock: socket.socket, stdin: bytes | None, deadline: float) -> None:
+def _feed_beside(
+    sock: socket.socket, stdin: bytes | None, deadline: float
+) -> threading.Thread | None:
     """Feed a step's stdin on a thread of its own while the caller pumps its output: a
-    step that writes before it reads cannot deadlock against the feed."""
+    step that writes before it reads cannot deadlock against the feed. The caller joins
+    the thread before it closes the socket (a send racing the close could write the
+    job's bytes into whatever the worker opens next under that fd number)."""
     if not stdin:
         feed_stdin(sock, stdin, deadline)  # EOF at once
-        return
-    threading.Thread(
+        return None
+    feeder = threading.Thread(
         target=feed_stdin, args=(sock, stdin, deadline), name="stdin", daemon=True
-    ).start()
+    )
+    feeder.start()
+    return feeder
 
 
 class DockerSession(Session):
@@ -89,7 +97,7 @@ class DockerSession(Session):
         out = ExecOutcome.for_limits(limits)
         started = time.monotonic()
         started_ns = time.monotonic_ns()
-        exec_id, raw, early = self._launch(argv, stdin, env, launcher, deadline)
+        exec_id, raw, early, feeder = self._launch(argv, stdin, env, launcher, deadline)
         out.spawn_ms = (time.monotonic() - started) * 1000
         # The container is killed after the stream is shut (see below), never from
         # inside the loop; leftovers of a step that exited are swept before the next.
@@ -101,8 +109,11 @@ class DockerSession(Session):
         finally:
             # first: the engine blocks a kill for 10 s while our socket has unread output
             with contextlib.suppress(OSError):
-                raw.shutdown(socket.SHUT_RDWR)
-            raw.close()
+                raw.shutdown(socket.SHUT_RDWR)  # also ends a feeder's send (EPIPE)
+            if feeder is not None:
+                feeder.join(_FEEDER_JOIN_S)
+            if feeder is None or not feeder.is_alive():
+                raw.close()  # else left open: a live feeder's fd is never reused
         if out.timed_out or out.flooded or out.cancelled:
             self.kill()
         out.duration_ms = (time.monotonic() - started) * 1000 - out.spawn_ms
@@ -128,10 +139,10 @@ class DockerSession(Session):
         env: dict[str, str] | None,
         launcher: Launcher | None,
         deadline: float,
-    ) -> tuple[str, socket.socket, bytes]:
+    ) -> tuple[str, socket.socket, bytes, threading.Thread | None]:
         """Start ``argv``: through the armed launcher when there is one (one write), else
-        by a new exec; returns the exec's id, its stream (stdin fed) and any output that
-        came with the launcher's ack."""
+        by a new exec; returns the exec's id, its stream, any output that came with the
+        launcher's ack, and the thread feeding its stdin (None once fed)."""
         if launcher is not None:
             try:
                 early = launcher.start(argv, env or {}, stdin)
@@ -143,8 +154,8 @@ class DockerSession(Session):
                 raise
             else:
                 self.prewarmed = True
-                _feed_beside(launcher.sock, stdin, deadline)
-                return launcher.exec_id, launcher.sock, early
+                feeder = _feed_beside(launcher.sock, stdin, deadline)
+                return launcher.exec_id, launcher.sock, early, feeder
         exec_id = self.api.exec_create(
             self.id,
             argv,
@@ -154,9 +165,8 @@ class DockerSession(Session):
             environment=env,
         )["Id"]
         raw = self.api.exec_start(exec_id, socket=True)._sock
-        if stdin is not None:
-            _feed_beside(raw, stdin, deadline)
-        return exec_id, raw, b""
+        feeder = _feed_beside(raw, stdin, deadline) if stdin is not None else None
+        return exec_id, raw, b"", feeder
 
     def _inspect(self, exec_id: str) -> dict[str, Any] | None:
         try:
