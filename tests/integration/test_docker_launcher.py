@@ -89,8 +89,8 @@ def test_a_warm_first_step_is_confined_as_a_cold_one(warm: DockerBackend) -> Non
     assert warm_job.timings.phases.prewarmed is True  # through the armed launcher
     assert cold_job.timings.phases.prewarmed is False  # a plain docker exec
     lines = warm_job.steps[0].stdout.splitlines()
-    uid = DOCKER_UID
-    assert lines[0].startswith(f"{uid}\t{uid}\t{uid}\t{uid}|"), lines[0]  # the slot's uid
+    uids = "\t".join([str(DOCKER_UID)] * 4)  # real, effective, saved, fs: the slot's
+    assert lines[0].startswith(f"{uids}|"), lines[0]
     assert "|1|2|0000000000000000|" in lines[0], lines[0]  # no_new_privs, filter, no caps
     assert lines[-1] == "/dev/null 1", lines[-1]  # no stdin: /dev/null; dumpable again
     assert warm_job.steps[0].stdout == cold_job.steps[0].stdout
@@ -131,8 +131,7 @@ def test_a_warm_step_gets_its_stdin_and_an_honest_status(warm: DockerBackend) ->
 
 
 def test_a_job_cannot_reach_the_launchers_waiting_for_the_next_jobs(warm: DockerBackend) -> None:
-    uid = DOCKER_UID
-    waiting = launchers_of(uid)
+    waiting = launchers_of(DOCKER_UID)
     assert waiting, "no launcher waits in the pool: the attack has no target"
     # The attacker kills every process its uid may signal, and lists every process it
     # can see; its own sleeper shows the kill ran.
@@ -147,7 +146,7 @@ def test_a_job_cannot_reach_the_launchers_waiting_for_the_next_jobs(warm: Docker
     killed, visible = attack.steps[0].stdout.split()
     assert killed == "killed=137"  # the attack ran: its own sleeper died of it
     assert int(visible) <= 5  # tini, keeper, bash, ls, grep: its own container only
-    alive = launchers_of(uid)
+    alive = launchers_of(DOCKER_UID)
     # the attack's own container's launcher became its step; every other one still waits
     assert len(waiting) >= 2 and len(set(waiting) & set(alive)) == len(waiting) - 1
     victim = run(warm, {"command": "echo unharmed"}, fill=False)
@@ -191,13 +190,12 @@ def test_a_launcher_that_did_not_come_up_leaves_the_step_to_a_plain_exec(
 
 
 def test_closing_the_backend_leaves_no_launcher_or_container(warm: DockerBackend) -> None:
-    uid = DOCKER_UID
-    assert launchers_of(uid), "no launcher was armed: nothing to leave behind"
+    assert launchers_of(DOCKER_UID), "no launcher was armed: nothing to leave behind"
     warm.close()
     deadline = time.monotonic() + 10
-    while launchers_of(uid) and time.monotonic() < deadline:
+    while launchers_of(DOCKER_UID) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert launchers_of(uid) == {}
+    assert launchers_of(DOCKER_UID) == {}
     mine = {"label": ["sandfarm.managed=1", f"sandfarm.pid={os.getpid()}"]}
     assert docker_client().api.containers(all=True, filters=mine) == []
 

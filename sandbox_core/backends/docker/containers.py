@@ -4,8 +4,9 @@ A container is read-only, has no network (unless the job may use it), no capabil
 no new privileges, the farm's seccomp allowlist (sandbox_core.seccomp), an init reaping
 zombies, pids/memory/CPU caps, and a devpts instance of its own bounded by the job's
 ``ptys``. A keeper process (KEEPER_UID) holds it open; each step is a `docker exec` as
-the slot's uid (a warm container's first step: the exec armed ahead, launcher.py), which
-is no host account, shared with no other concurrent job, and cannot signal the keeper.
+the slot's uid in the Docker range (a warm container's first step: the exec armed ahead,
+launcher.py), which is no host account, shared with no host job or other concurrent
+job, and cannot signal the keeper.
 Every container is labelled with a host-unique identity of its owner, so a reaper
 anywhere on the host can tell a dead owner from a live one.
 """
@@ -150,7 +151,7 @@ def create_container(
             mem_limit=profile.memory_mb * mib,
             memswap_limit=profile.memory_mb * mib,
             # + init and keeper (the farm's helpers never run beside a step): the
-            # container's exact bound. nproc counts the slot's uid host-wide, which
+            # container's exact bound. nproc counts the slot's docker uid host-wide, which
             # nothing else uses but the launchers armed in the slot's warm pool (one per
             # pooled container, launcher.py): it has room for those.
             pids_limit=profile.processes + 2,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox_core.backends.docker.containers import WORKSPACE
-from sandbox_core.backends.docker.stream import FrameDemux
+from sandbox_core.backends.docker.stream import STDOUT, FrameDemux
 
 READY, ACK = b"R", b"A"
 READY_WAIT_S = 15.0
@@ -146,7 +146,7 @@ def _await_ack(sock: socket.socket) -> bytes:
     while True:
         header = _read_exact(sock, 8)
         (size,) = struct.unpack_from(">I", header, 4)
-        if header[0] != 1:  # the step's stderr, racing the ack on the engine's side
+        if header[0] != STDOUT:  # the step's stderr, racing the ack on the engine's side
             kept += header + _read_exact(sock, size)
             continue
         if size == 0:
@@ -191,7 +191,7 @@ def _ready(sock: socket.socket) -> bool:
                 return False
             frames = demux.feed(chunk)
             if frames:
-                return frames == [(1, READY)] and not demux.pending
+                return frames == [(STDOUT, READY)] and not demux.pending
     except OSError:
         return False
     finally:

@@ -17,7 +17,7 @@ from sandbox_core.backends.base import Session
 from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
 from sandbox_core.backends.docker.launcher import Launcher, LauncherGone, feed_stdin
-from sandbox_core.backends.docker.stream import FrameDemux
+from sandbox_core.backends.docker.stream import STDERR, STDOUT, FrameDemux
 from sandbox_core.backends.docker.transfer import FileTransfer
 from sandbox_core.backends.steps import clean_environment, inline_argv, script_argv, source_of
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, Limits
@@ -199,7 +199,7 @@ class DockerSession(Session):
         sel = selectors.DefaultSelector()
         sel.register(raw, selectors.EVENT_READ)
         demux = FrameDemux()
-        streams = {1: out.stdout, 2: out.stderr}
+        streams = {STDOUT: out.stdout, STDERR: out.stderr}
         for kind, payload in demux.feed(early):
             if kind in streams:
                 supervisor.wrote(streams[kind], payload)
@@ -260,11 +260,19 @@ class DockerSession(Session):
         container a leftover of the same uid could kill the sweeper itself."""
         if self.dirty and not self.dead:
             self.dirty = False
-            if self.cgroup.pids() is None:  # unknown cgroup layout: from inside, as the job
+            if not self._kill_leftovers():  # unknown cgroup layout: from inside, as the job
                 self._helper(["sh", "-c", _KILL_JOB_PROCESSES])
-            else:
-                kill_until_gone(self._job_pids)
         self.dirty = False
+
+    def _kill_leftovers(self) -> bool:
+        """Kill the job's processes from the host, by pid (one read of the container's
+        cgroup when there are none); False where the host cannot see them."""
+        pids = self.cgroup.pids()
+        if pids is None:
+            return False
+        if self.uid in process_uids_of(pids).values():
+            kill_until_gone(self._job_pids)
+        return True
 
     def _job_pids(self) -> list[int]:
         found = process_uids_of(self.cgroup.pids() or [])
@@ -329,11 +337,8 @@ class DockerSession(Session):
         if self.launcher is not None:  # a job that ran no step
             self.launcher.close()
             self.launcher = None
-        if self.dirty:
-            if self.cgroup.pids() is not None:
-                with contextlib.suppress(Exception):
-                    kill_until_gone(self._job_pids)
-            elif not self.dead:  # no host view of its processes: kill it whole
-                self.kill()
+        with contextlib.suppress(Exception):
+            if self.dirty and not self._kill_leftovers() and not self.dead:
+                self.kill()  # no host view of its processes: kill it whole
         self.dead = True
         self.backend.remove_later(self.id)
