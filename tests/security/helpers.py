@@ -129,7 +129,9 @@ def run_watching(
         watched.pids.update(live)
         watched.peak = max(watched.peak, len(live))
         for pid in live:
-            if (uid := uid_of(pid)) is not None:
+            # uid 0: a cold step's helper, root until its drop, carries the job's argv
+            # (and so the marker); it is the farm's, not the job's uid
+            if (uid := uid_of(pid)) is not None and uid != 0:
                 watched.uids.add(uid)
         if count_uid and watched.uids:  # what RLIMIT_NPROC counts: zombies hold one too
             of_uid = sum(len(host_processes_of(uid)) for uid in watched.uids)
