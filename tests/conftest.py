@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,44 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # The compose stack's tests bring the whole farm up in containers: only `make test-stack`
 # (SANDFARM_TEST_STACK=1) collects them, never a plain `make test`.
 collect_ignore = [] if os.environ.get("SANDFARM_TEST_STACK") == "1" else ["stack"]
+
+
+# One suite at a time on a host: the suites share the Docker engine, the uid ranges, the
+# reaper's view of containers and "nothing left behind" checks, so a second run beside a
+# first (a background run still going when CI starts) breaks both. A subprocess suite
+# (tests/meta) inherits the parent's hold through the environment.
+SUITE_LOCK = Path(os.environ.get("SANDFARM_TEST_LOCK", "/tmp/sandfarm-test-suite.lock"))
+SUITE_LOCK_HELD = "SANDFARM_TEST_LOCK_HELD"
+SUITE_LOCK_WAIT_S = float(os.environ.get("SANDFARM_TEST_LOCK_WAIT_S", "3600"))
+_suite_lock_fd: int | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _suite_lock_fd
+    if os.environ.get(SUITE_LOCK_HELD) == "1" or _suite_lock_fd is not None:
+        return
+    fd = os.open(SUITE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    deadline = time.monotonic() + SUITE_LOCK_WAIT_S
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                pytest.exit(
+                    f"another sandfarm test run held {SUITE_LOCK} for {SUITE_LOCK_WAIT_S:.0f} s", 3
+                )
+            if not told:
+                print(
+                    f"[tests] another sandfarm test run holds {SUITE_LOCK}; waiting",
+                    file=sys.stderr,
+                )
+                told = True
+            time.sleep(1)
+    _suite_lock_fd = fd
+    os.environ[SUITE_LOCK_HELD] = "1"
 
 
 def require(condition: bool, reason: str) -> None:
