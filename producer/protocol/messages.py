@@ -7,19 +7,21 @@ it with what ``send_task`` writes, field by field).
 
 Two differences, both for Redis memory (a waiting job's message is most of its cost):
 compact JSON, and the body as JSON text (``body_encoding`` utf-8, which kombu passes
-through unchanged) rather than base64 (a third larger).
+through unchanged) rather than base64 (a third larger). The JSON is pydantic-core's
+(UTF-8, not ``\\u`` escapes), three times faster than the stdlib's, which was a third
+of the client's time per submitted job.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import uuid
 from functools import cache
 from typing import Any
 
-_COMPACT = (",", ":")
+from pydantic_core import to_json
+
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
@@ -42,7 +44,7 @@ def task_message(
 
     Its delivery tag is fresh: two live messages must never share one (it keys kombu's
     unacked hash)."""
-    body = json.dumps([args, {}, _EMBED], separators=_COMPACT)
+    body = to_json([args, {}, _EMBED]).decode()
     headers: dict[str, Any] = {
         "lang": "py",
         "task": name,
@@ -81,4 +83,4 @@ def task_message(
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    return json.dumps(message, separators=_COMPACT)
+    return to_json(message).decode()

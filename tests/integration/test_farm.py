@@ -57,6 +57,15 @@ def mixed_jobs(tag: str) -> list[tuple[dict, Status, object]]:
                 lambda r, i=i: r.steps[0].stdout == f"{i * 3}\n",
             )
         )
+    # Text beyond ASCII in code, labels and output (the message is UTF-8 JSON, unescaped)
+    text = "h\u00e9llo \u2713 \u65e5\u672c \U0001f600"
+    jobs.append(
+        (
+            {"id": f"{tag}-utf8", "code": f"print({text!r})", "labels": {"w\u00f6rd": text}},
+            Status.SUCCEEDED,
+            lambda r: r.steps[0].stdout == text + "\n",
+        )
+    )
     for i in range(5):
         jobs.append(
             (

@@ -67,8 +67,9 @@ def test_sandbox_core_knows_nothing_of_the_farm() -> None:
 
 
 def test_the_protocol_imports_only_sandbox_core_pydantic_and_redis() -> None:
+    # pydantic_core is pydantic's own (pinned by it): its to_json builds the messages
     allowed = {"producer.protocol", "sandbox_core", "pydantic", "pydantic_settings", "redis"}
-    assert violations("producer/protocol", allowed) == []
+    assert violations("producer/protocol", allowed | {"pydantic_core"}) == []
 
 
 def test_the_worker_imports_only_the_protocol_of_producer() -> None:
