@@ -59,6 +59,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
+def _unicode(value: str) -> str:
+    # JSON can carry a lone surrogate ("\\ud800"); no file, argv or message can hold one
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode text (it holds a lone surrogate)") from None
+    return value
+
+
 def _relative_path(value: str) -> str:
     try:
         return check_relative_path(value)
@@ -77,7 +86,7 @@ def _glob_pattern(value: str) -> str:
 
 def _bounded_text(limit: int):
     def check(value: str) -> str:
-        size = len(value.encode("utf-8", "surrogatepass"))
+        size = len(_unicode(value).encode("utf-8"))
         if size > limit:
             raise ValueError(f"is {size} bytes; the maximum is {limit}")
         if "\x00" in value:
@@ -87,10 +96,11 @@ def _bounded_text(limit: int):
     return AfterValidator(check)
 
 
-RelPath = Annotated[str, AfterValidator(_relative_path)]
-GlobPattern = Annotated[str, AfterValidator(_glob_pattern)]
+Text = Annotated[str, AfterValidator(_unicode)]
+RelPath = Annotated[str, AfterValidator(_unicode), AfterValidator(_relative_path)]
+GlobPattern = Annotated[str, AfterValidator(_unicode), AfterValidator(_glob_pattern)]
 Source = Annotated[str, _bounded_text(d.MAX_SOURCE_BYTES)]
-Stdin = Annotated[str | None, Field(default=None, max_length=d.MAX_SOURCE_BYTES)]
+Stdin = Annotated[Text | None, Field(default=None, max_length=d.MAX_SOURCE_BYTES)]
 
 
 class _Step(_Strict):
@@ -175,16 +185,16 @@ class JobSpec(_Strict):
 
     id: str | None = Field(None, description="client idempotency key")
     backend: BackendName | None = Field(None, description="None: the worker's default")
-    image: str | None = Field(None, max_length=256, description="docker backend only")
+    image: Text | None = Field(None, max_length=256, description="docker backend only")
     steps: list[Step] = Field(default_factory=list, max_length=d.MAX_STEPS)
     code: Source | None = Field(None, description="shorthand: one python step")
     command: Source | None = Field(None, description="shorthand: one bash step")
     stop_on_error: bool = Field(False, description="stop at the first step that does not succeed")
     files: dict[RelPath, Source] = Field(default_factory=dict, max_length=d.MAX_SEED_FILES)
-    env: dict[str, str] = Field(default_factory=dict, max_length=d.MAX_ENV_VARS)
+    env: dict[str, Text] = Field(default_factory=dict, max_length=d.MAX_ENV_VARS)
     limits: Limits = Field(default_factory=Limits)
     collect: list[GlobPattern] = Field(default_factory=list, max_length=d.MAX_COLLECT_PATTERNS)
-    labels: dict[str, str] = Field(default_factory=dict, max_length=d.MAX_LABELS)
+    labels: dict[Text, Text] = Field(default_factory=dict, max_length=d.MAX_LABELS)
 
     @model_validator(mode="after")
     def _normalise(self) -> JobSpec:

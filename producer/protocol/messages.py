@@ -14,15 +14,25 @@ of the client's time per submitted job.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
 from functools import cache
 from typing import Any
 
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def _json(value: Any) -> str:
+    """Compact JSON. A spec's text is valid Unicode (sandbox_core.models), but a lone
+    surrogate that got past it is escaped by the stdlib rather than refused here."""
+    try:
+        return to_json(value).decode()
+    except PydanticSerializationError:
+        return json.dumps(value, separators=(",", ":"))
 
 
 @cache
@@ -44,7 +54,7 @@ def task_message(
 
     Its delivery tag is fresh: two live messages must never share one (it keys kombu's
     unacked hash)."""
-    body = to_json([args, {}, _EMBED]).decode()
+    body = _json([args, {}, _EMBED])
     headers: dict[str, Any] = {
         "lang": "py",
         "task": name,
@@ -83,4 +93,4 @@ def task_message(
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    return to_json(message).decode()
+    return _json(message)

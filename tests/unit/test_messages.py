@@ -71,3 +71,18 @@ def test_task_message_matches_send_task(sent: dict) -> None:
 def test_each_message_has_its_own_delivery_tag() -> None:
     one, two = (json.loads(task_message("t", "x", [], "q", argsrepr="")) for _ in range(2))
     assert one["properties"]["delivery_tag"] != two["properties"]["delivery_tag"]
+
+
+def test_text_beyond_ascii_is_carried_as_utf8_and_decodes_alike() -> None:
+    text = 'h\u00e9llo \u2713 \U0001f600 "quoted" \\ \n\x01'
+    raw = task_message("t", "x", [{"code": text}, {"id": "x"}], "q", argsrepr=text)
+    assert text.split()[1] in raw  # UTF-8 as it is, not \u escapes (smaller in Redis)
+    message = json.loads(raw)
+    assert json.loads(message["body"])[0][0]["code"] == text
+    assert message["headers"]["argsrepr"] == text
+
+
+def test_a_lone_surrogate_that_got_past_validation_is_escaped_not_refused() -> None:
+    raw = task_message("t", "x", [{"code": "a\ud800"}, {"id": "x"}], "q", argsrepr="")
+    raw.encode("utf-8")  # valid UTF-8 to store and send
+    assert json.loads(json.loads(raw)["body"])[0][0]["code"] == "a\ud800"

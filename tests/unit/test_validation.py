@@ -42,3 +42,36 @@ def test_errors_name_the_field_and_help(spec: dict, message: str) -> None:
     text = str(info.value)
     assert text.startswith(message), text
     assert "Value error" not in text and "(and 1 more)" not in text
+
+
+SURROGATE = "\ud800"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"steps": [{"kind": "write_file", "path": "a", "content": SURROGATE}]}, "steps.0.content"),
+        ({"steps": [{"kind": "write_file", "path": "a" + SURROGATE}]}, "steps.0.path"),
+        ({"steps": [{"kind": "read_file", "path": "a" + SURROGATE}]}, "steps.0.path"),
+        ({"steps": [{"kind": "bash", "command": "cat", "stdin": SURROGATE}]}, "steps.0.stdin"),
+        ({"code": "print(1)", "collect": [SURROGATE + "*"]}, "collect.0"),
+        ({"command": "true", "image": "x" + SURROGATE}, "image"),
+        ({"command": "true", "files": {"a": SURROGATE}}, "files.a"),
+        ({"command": "true", "env": {"A": SURROGATE}}, "env.A"),
+        ({"command": "true", "labels": {"k": SURROGATE}}, "labels.k"),
+        ({"code": SURROGATE}, "code"),
+    ],
+)
+def test_text_that_is_not_unicode_is_rejected_with_its_field(spec: dict, field: str) -> None:
+    # JSON can carry a lone surrogate ("\ud800"); no file, argv or message can hold one
+    with pytest.raises(SpecError) as caught:
+        parse_spec(spec)
+    assert caught.value.field == field
+    assert "lone surrogate" in caught.value.reason
+
+
+def test_a_key_that_is_not_unicode_is_rejected_and_its_name_can_be_printed() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec({"command": "true", "labels": {SURROGATE: "x"}})
+    assert caught.value.field.startswith("labels.")
+    str(caught.value).encode("utf-8")  # printable, sendable as JSON
