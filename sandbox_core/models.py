@@ -59,12 +59,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
-def _unicode(value: str) -> str:
+def _utf8(value: str) -> bytes:
     # JSON can carry a lone surrogate ("\\ud800"); no file, argv or message can hold one
     try:
-        value.encode("utf-8")
+        return value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("is not valid Unicode text (it holds a lone surrogate)") from None
+
+
+def _unicode(value: str) -> str:
+    _utf8(value)
     return value
 
 
@@ -86,7 +90,7 @@ def _glob_pattern(value: str) -> str:
 
 def _bounded_text(limit: int):
     def check(value: str) -> str:
-        size = len(_unicode(value).encode("utf-8"))
+        size = len(_utf8(value))
         if size > limit:
             raise ValueError(f"is {size} bytes; the maximum is {limit}")
         if "\x00" in value:

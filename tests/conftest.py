@@ -32,12 +32,11 @@ collect_ignore = [] if os.environ.get("SANDFARM_TEST_STACK") == "1" else ["stack
 SUITE_LOCK = Path(os.environ.get("SANDFARM_TEST_LOCK", "/tmp/sandfarm-test-suite.lock"))
 SUITE_LOCK_HELD = "SANDFARM_TEST_LOCK_HELD"
 SUITE_LOCK_WAIT_S = float(os.environ.get("SANDFARM_TEST_LOCK_WAIT_S", "3600"))
-_suite_lock_fd: int | None = None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _suite_lock_fd
-    if os.environ.get(SUITE_LOCK_HELD) == "1" or _suite_lock_fd is not None:
+    """Wait for the suite lock; the descriptor stays open (held) until this process ends."""
+    if os.environ.get(SUITE_LOCK_HELD) == "1":
         return
     try:  # read-only and 0644: a later run as another user can take it too
         fd = os.open(SUITE_LOCK, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -63,7 +62,6 @@ def pytest_configure(config: pytest.Config) -> None:
                 )
                 told = True
             time.sleep(1)
-    _suite_lock_fd = fd
     os.environ[SUITE_LOCK_HELD] = "1"
 
 
