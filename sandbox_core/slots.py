@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from sandbox_core import cgroups
 from sandbox_core import defaults as d
@@ -161,16 +162,29 @@ def sweep(slot: Slot, workspace_dir: Path | None = None) -> None:
 class SlotPool:
     """The slots one backend runs its sessions in.
 
-    With a fixed ``index`` (a worker's pool process) every backend of this process shares
-    the one slot, so a worker serving several backends never waits on itself; without one
-    (``sandfarm run``, tests) each concurrent session takes a free slot of its own.
+    With fixed ``lanes`` (a worker's pool process: its slot, and a spare where it has
+    one) every backend of this process shares those slots, one session in a slot at a
+    time whatever its backend, so a worker serving several backends never waits on
+    itself; with a spare, the next job's sandbox is set up in one slot while a job runs
+    in the other (prewarm). Without lanes (``sandfarm run``, tests) each concurrent
+    session takes a free slot of its own.
     """
 
-    def __init__(self, index: int | None, workspace_dir: Path | None) -> None:
-        self.index = index
+    def __init__(self, lanes: tuple[int, ...] | int | None, workspace_dir: Path | None) -> None:
+        if isinstance(lanes, int):
+            lanes = (lanes,)
+        self.lanes: tuple[int, ...] = tuple(lanes or ())
         self.workspace_dir = workspace_dir
         self._idle: list[Slot] = []
         self._lock = threading.Lock()
+        self._closed = False
+        if self.lanes:
+            _share_lanes(self.lanes)
+
+    @property
+    def index(self) -> int | None:
+        """The first fixed slot (a docker session's, a standby's key), or None."""
+        return self.lanes[0] if self.lanes else None
 
     @contextlib.contextmanager
     def borrow(self) -> Iterator[Slot]:
@@ -182,48 +196,84 @@ class SlotPool:
             self.give(slot)
 
     def take(self, timeout_s: float = 30.0) -> Slot:
-        """A slot: one this pool holds idle (cleaned by the last session's close), or a
-        newly locked one (swept of what its last holder left). ``give`` it back."""
+        """A slot: a free one of the fixed lanes (waiting up to ``timeout_s`` for one),
+        one this pool holds idle (cleaned by the last session's close), or a newly locked
+        one (swept of what its last holder left). ``give`` it back."""
+        if self.lanes:
+            return _take_lane(self.lanes, self.workspace_dir, timeout_s)
         with self._lock:
             slot = self._idle.pop() if self._idle else None
-        if slot is None:
-            slot = _shared(self.index, self.workspace_dir) if self.index is not None else None
-            slot = slot or acquire(None, timeout_s, workspace_dir=self.workspace_dir)
-        return slot
+        return slot or acquire(None, timeout_s, workspace_dir=self.workspace_dir)
 
     def give(self, slot: Slot) -> None:
-        """``slot`` is idle again: nothing of its last session is left in it."""
+        """``slot`` is free again: nothing of its last session is left in it."""
+        if self.lanes:
+            _give_lane(slot)
+            return
         with self._lock:
             self._idle.append(slot)
 
     def close(self) -> None:
         """Give back the slots this pool holds (a shared one when its last user is gone)."""
         with self._lock:
+            if self.lanes and not self._closed:
+                _unshare_lanes(self.lanes)
+            self._closed = True
             held, self._idle = self._idle, []
         for slot in held:
-            _unshare(slot)
+            slot.release()
 
 
-# Slots this process holds by index, shared by its backends: index -> (slot, users).
-_held: dict[int, tuple[Slot, int]] = {}
-_held_lock = threading.Lock()
+# The fixed slots this process's backends share: index -> [the slot once locked, how many
+# pools use it], and those a session (or a standby, or a teardown) is in now.
+_held: dict[int, list[Any]] = {}
+_in_use: set[int] = set()
+_held_cond = threading.Condition()
 
 
-def _shared(index: int, workspace_dir: Path | None) -> Slot:
-    with _held_lock:
-        slot, users = _held.get(index, (None, 0))
-        if slot is None:
-            slot = acquire(index, workspace_dir=workspace_dir)
-        _held[index] = (slot, users + 1)
-        return slot
+def _share_lanes(lanes: tuple[int, ...]) -> None:
+    with _held_cond:
+        for index in lanes:
+            _held.setdefault(index, [None, 0])[1] += 1
 
 
-def _unshare(slot: Slot) -> None:
-    with _held_lock:
-        held, users = _held.get(slot.index, (None, 0))
-        if held is slot and users > 1:
-            _held[slot.index] = (slot, users - 1)
-            return
-        if held is slot:
-            del _held[slot.index]
-    slot.release()
+def _take_lane(lanes: tuple[int, ...], workspace_dir: Path | None, timeout_s: float) -> Slot:
+    deadline = time.monotonic() + timeout_s
+    with _held_cond:
+        while True:
+            free = [i for i in lanes if i not in _in_use]
+            if free:
+                entry = _held.setdefault(free[0], [None, 1])
+                if entry[0] is None:
+                    entry[0] = acquire(free[0], workspace_dir=workspace_dir)
+                _in_use.add(free[0])
+                slot: Slot = entry[0]
+                return slot
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SlotBusyError(lanes[0], timeout_s)
+            _held_cond.wait(left)
+
+
+def _give_lane(slot: Slot) -> None:
+    with _held_cond:
+        _in_use.discard(slot.index)
+        _held_cond.notify_all()
+
+
+def _unshare_lanes(lanes: tuple[int, ...]) -> None:
+    """One pool fewer uses each of ``lanes``; the last one releases the slot."""
+    released = []
+    with _held_cond:
+        for index in lanes:
+            entry = _held.get(index)
+            if entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del _held[index]
+                _in_use.discard(index)
+                if entry[0] is not None:
+                    released.append(entry[0])
+    for slot in released:
+        slot.release()

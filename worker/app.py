@@ -5,6 +5,7 @@ Start it with ``sandfarm worker`` (or ``celery -A worker.app worker -O fair -E``
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from celery import Celery, signals
 from celery.app import trace
 
 from producer.protocol import Settings, broker_config, get_settings, margins
+from sandbox_core import defaults as d
 from worker import kombu_fixes, reservation
 
 settings: Settings = get_settings()
@@ -75,7 +77,8 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
     """Reserve this worker's block of slots and start its reaper (main process)."""
     global _reservation, _reaper
     size = int(getattr(sender, "concurrency", None) or settings.concurrency)
-    _reservation = reservation.reserve(size, settings.slot_base)
+    lanes = lanes_per_process(size)
+    _reservation = reservation.reserve(size * lanes, settings.slot_base, processes=size)
     name = getattr(sender, "hostname", None) or f"pid{os.getpid()}"
     # Sweep what a previous, dead worker left in our slots before the first job.
     from worker.reaper import sweep_free
@@ -94,6 +97,8 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
             str(_reservation.base),
             "--size",
             str(size),
+            "--reserved",
+            str(_reservation.size),
             "--interval",
             str(settings.reaper_interval_s),
         ],
@@ -101,7 +106,7 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
         close_fds=True,
     )
     print(
-        f"sandfarm worker {name}: slots {_reservation.base}..{_reservation.base + size - 1},"
+        f"sandfarm worker {name}: slots {_reservation.base}..{_reservation.end - 1},"
         f" reaper pid {_reaper.pid}, visibility timeout {settings.visibility_timeout:g}s",
         flush=True,
     )
@@ -117,6 +122,27 @@ def _on_worker_shutdown(**_: object) -> None:
             _reaper.kill()
 
 
+# Set by the main process when a warm shutdown starts, read by the pool processes (one
+# shared page, made before the pool forks): a chain then stops at its current job, so a
+# shutdown waits for one job per slot, not for a chain (worker/chain.py).
+_stopping = mmap.mmap(-1, 1)
+
+
+@signals.worker_shutting_down.connect
+def _on_shutting_down(**_: object) -> None:
+    _stopping[0] = 1
+
+
+def stopping() -> bool:
+    return _stopping[0] == 1
+
+
+def lanes_per_process(concurrency: int) -> int:
+    """Slots per pool process: with prewarm, a spare, so the next job's sandbox is set up
+    in one while a job runs in the other (sandbox_core.slots.SlotPool)."""
+    return 2 if settings.prewarm and 2 * concurrency <= d.MAX_SLOTS else 1
+
+
 def slot_index() -> int:
     """This pool process's slot: the worker's block base + billiard's process index."""
     from billiard.process import current_process
@@ -124,3 +150,10 @@ def slot_index() -> int:
     index = getattr(current_process(), "index", None) or 0
     base = _reservation.base if _reservation is not None else (settings.slot_base or 0)
     return base + int(index)
+
+
+def spare_slot_index() -> int | None:
+    """This pool process's spare slot, after every pool process's first (or None)."""
+    if _reservation is None or _reservation.size < 2 * _reservation.processes:
+        return None
+    return slot_index() + _reservation.processes

@@ -130,15 +130,26 @@ def _parent_alive(pid: int) -> bool:
     return os.getppid() == pid
 
 
-def run(parent: int, name: str, base: int, size: int, interval: float, beats: bool) -> None:
+def run(
+    parent: int,
+    name: str,
+    base: int,
+    size: int,
+    interval: float,
+    beats: bool,
+    reserved: int | None = None,
+) -> None:
+    """``size``: the worker's slots for jobs (its concurrency); ``reserved``: its block of
+    slots (its pool processes' spares too), which the sweeps and the heartbeat cover."""
+    reserved = reserved or size
     settings = get_settings()
     # Impatient: a missing broker must never stall the sweeps; the beat is retried next tick.
     client = connect(settings.redis_url, patient=False) if beats else None
     info = Heartbeat(
         pid=parent,
         host=socket.gethostname(),
-        slots=(base, base + size),
-        uids=(slot_uid(base), slot_uid(base + size - 1)),
+        slots=(base, base + reserved),
+        uids=(slot_uid(base), slot_uid(base + reserved - 1)),
         concurrency=size,
         queues=(settings.queue,),
         backends=settings.served_backends,
@@ -146,7 +157,7 @@ def run(parent: int, name: str, base: int, size: int, interval: float, beats: bo
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        _loop(parent, name, base, size, interval, settings, client, info)
+        _loop(parent, name, base, reserved, interval, settings, client, info)
     finally:
         if client is not None:
             with contextlib.suppress(Exception):
@@ -200,10 +211,19 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--base", type=int, required=True)
     parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--reserved", type=int, default=None)
     parser.add_argument("--interval", type=float, required=True)
     parser.add_argument("--no-beats", action="store_true")
     args = parser.parse_args()
-    run(args.parent, args.name, args.base, args.size, args.interval, not args.no_beats)
+    run(
+        args.parent,
+        args.name,
+        args.base,
+        args.size,
+        args.interval,
+        not args.no_beats,
+        args.reserved,
+    )
 
 
 if __name__ == "__main__":

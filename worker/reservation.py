@@ -26,6 +26,11 @@ class Reservation:
     base: int
     size: int
     _fds: list[int] = field(default_factory=list)
+    processes: int = 0  # pool processes the block is for (each has size // processes)
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
 
     def release(self) -> None:
         for fd in self._fds:
@@ -37,7 +42,7 @@ def _try(index: int) -> int | None:
     return try_flock(state_dir() / "reserved" / f"{index}.lock")
 
 
-def reserve(size: int, base: int | None = None) -> Reservation:
+def reserve(size: int, base: int | None = None, processes: int | None = None) -> Reservation:
     """Reserve ``size`` consecutive slots: at ``base``, or the highest free block.
 
     From the top down because local users of sandbox_core (`sandfarm run`, tests) take
@@ -56,7 +61,7 @@ def reserve(size: int, base: int | None = None) -> Reservation:
                 break
             fds.append(fd)
         if len(fds) == size:
-            return Reservation(start, size, fds)
+            return Reservation(start, size, fds, processes or size)
         for fd in fds:
             os.close(fd)
     raise SlotReservationError(size, f"at {base}" if base is not None else "anywhere")

@@ -155,7 +155,7 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
         "wait": defaultdict(dict),
     }
     sums: dict[str, dict[str, float]] = {"run": {}, "wait": {}}
-    redeliveries = recovered = 0
+    redeliveries = recovered = chained = 0
     for name, raw in sorted(snap.counters.items()):
         parts = stats.split(name)
         kind = parts[0]
@@ -171,6 +171,8 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
             redeliveries = int(raw)
         elif kind == "recovered":
             recovered = int(raw)
+        elif kind == "chained":
+            chained = int(raw)
     yield jobs
     yield refused
     yield CounterMetricFamily(
@@ -180,6 +182,11 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
         "sandfarm_recovered_deliveries",
         "Dispatched messages Redis lost (in no queue, not delivered), pushed again",
         value=recovered,
+    )
+    yield CounterMetricFamily(
+        "sandfarm_chained_jobs",
+        "Jobs a slot took itself as it stored the last one's result (no Celery message)",
+        value=chained,
     )
     yield CounterMetricFamily(
         "sandfarm_duplicate_results",

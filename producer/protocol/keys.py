@@ -29,6 +29,9 @@ class Keys:
     def running(self, job_id: str) -> str:  # present while a sandbox runs the job, TTL
         return f"{self.prefix}running:{job_id}"
 
+    def chain(self, qid: str) -> str:  # hash q, m, o: the job a slot runs under qid's message
+        return f"{self.prefix}chain:{qid}"
+
     def done(self, client_id: str) -> str:  # ids completed for one client, TTL + capped
         return f"{self.prefix}done:{client_id}"
 

@@ -8,7 +8,6 @@ top of its file and built only here. Scripts that dispatch start with the shared
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -18,21 +17,27 @@ from typing import Any
 import redis
 
 from producer.protocol import margins, stats
+from producer.protocol.broker import TASK_NAME
 from producer.protocol.records import RunningRecord
 from producer.protocol.settings import Settings
 from sandbox_core import JobResult
 
-_DISPATCHING = ("submit_jobs", "store_result", "dispatch")
+# The libraries each script starts with, in order (a library uses those before it).
+_LIBRARIES = {
+    "submit_jobs": ("lib_dispatch",),
+    "dispatch": ("lib_dispatch",),
+    "store_result": ("lib_dispatch", "lib_store"),
+    "begin_attempt": ("lib_dispatch", "lib_begin"),
+    "finish_job": ("lib_dispatch", "lib_store", "lib_begin"),
+}
 
 
 @cache
 def source(name: str) -> str:
-    """The text of ``scripts/<name>.lua`` (after the dispatch library, where it uses it)."""
+    """The text of ``scripts/<name>.lua``, after the libraries it uses."""
     files = resources.files("producer.protocol").joinpath("scripts")
-    body = files.joinpath(f"{name}.lua").read_text()
-    if name in _DISPATCHING:
-        return files.joinpath("lib_dispatch.lua").read_text() + "\n" + body
-    return body
+    parts = [files.joinpath(f"{lib}.lua").read_text() for lib in _LIBRARIES.get(name, ())]
+    return "\n".join([*parts, files.joinpath(f"{name}.lua").read_text()])
 
 
 def utc_day(now: datetime | None = None) -> str:
@@ -46,6 +51,32 @@ class Admitted:
     codes: list[str]
     refusal: str | None = None  # "conflict" | "queue_full" | "rate" | "budget"
     detail: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job a worker took: ``message`` is its task message when it came by a chain
+    (empty: the one delivered); ``dispatched``: when dispatch moved it (epoch s)."""
+
+    qid: str
+    message: str
+    attempts: int
+    cancelled: bool
+    dispatched: float | None
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """What a finishing job's slot asks of finish_job: its chain (the qid of the message it
+    runs under) and this delivery's token; whether to take a next job, and the longest
+    that may still start; the finished job's task events (channel, payload) if any."""
+
+    chain: str
+    token: str
+    want_next: bool
+    room_s: float
+    running: RunningRecord
+    events: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +99,8 @@ class FarmScripts:
         self._begin: Any = client.register_script(source("begin_attempt"))
         self._submit: Any = client.register_script(source("submit_jobs"))
         self._dispatch: Any = client.register_script(source("dispatch"))
+        self._finish: Any = client.register_script(source("finish_job"))
+        self._client = client
 
     def _dispatch_args(self) -> list[Any]:
         return [
@@ -119,6 +152,55 @@ class FarmScripts:
             self._dispatch(keys=[], args=[self.keys.prefix, queue, margin, max_moves, expiry])
         )
 
+    def _store_call(
+        self,
+        result: JobResult,
+        notify: str | None,
+        qid: str,
+        tenant: str | None,
+        ttl: int | None,
+        count_duplicate: bool,
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of lib_store.lua's store() for ``result``."""
+        keys = self.keys
+        payload = result.model_dump_json()
+        queue, margin, expiry = self._dispatch_args()
+        timings = result.timings
+        run_s = (timings.run_ms or 0.0) / 1000
+        wait_s = (timings.queue_wait_ms or 0.0) / 1000
+        store_keys = [
+            keys.result(qid),
+            notify or "",
+            keys.duplicates if count_duplicate else keys.ignored,
+            keys.in_flight,
+            keys.running(qid),
+            keys.stats,
+        ]
+        args: list[Any] = [
+            payload,
+            ttl or self.settings.result_ttl_s,
+            qid,
+            self.settings.done_max_len,
+            keys.prefix,
+            tenant or "",
+            utc_day(),
+            result.status.value,
+            result.resources.cpu_ms,
+            timings.run_ms or 0.0,
+            len(payload),
+            queue,
+            margin,
+            expiry,
+            timings.finished_at.timestamp() if timings.finished_at else "",
+            result.backend or stats.NO_BACKEND,
+            "" if timings.run_ms is None else stats.bucket_of(run_s),
+            run_s,
+            "" if timings.queue_wait_ms is None else stats.bucket_of(wait_s),
+            wait_s,
+            stats.STATS_TTL_S,
+        ]
+        return store_keys, args
+
     def store_result(
         self,
         result: JobResult,
@@ -131,81 +213,92 @@ class FarmScripts:
     ) -> bool:
         """First stored result wins; returns False (counted as a duplicate) otherwise. A
         stored result of a tenant's job counts its usage and dispatches the next job."""
-        keys = self.keys
-        payload = result.model_dump_json()
-        queue, margin, expiry = self._dispatch_args()
-        timings = result.timings
-        run_s = (timings.run_ms or 0.0) / 1000
-        wait_s = (timings.queue_wait_ms or 0.0) / 1000
-        stored = self._store(
-            keys=[
-                keys.result(qid),
-                notify or "",
-                keys.duplicates if count_duplicate else keys.ignored,
-                keys.in_flight,
-                keys.running(qid),
-                keys.stats,
-            ],
-            args=[
-                payload,
-                ttl or self.settings.result_ttl_s,
-                qid,
-                self.settings.done_max_len,
-                keys.prefix,
-                tenant or "",
-                utc_day(),
-                result.status.value,
-                result.resources.cpu_ms,
-                result.timings.run_ms or 0.0,
-                len(payload),
-                queue,
-                margin,
-                expiry,
-                result.timings.finished_at.timestamp() if result.timings.finished_at else "",
-                result.backend or stats.NO_BACKEND,
-                "" if timings.run_ms is None else stats.bucket_of(run_s),
-                run_s,
-                "" if timings.queue_wait_ms is None else stats.bucket_of(wait_s),
-                wait_s,
-                stats.STATS_TTL_S,
-            ],
-        )
-        return bool(stored)
+        store_keys, args = self._store_call(result, notify, qid, tenant, ttl, count_duplicate)
+        return bool(self._store(keys=store_keys, args=args))
 
     def begin_attempt(
-        self, qid: str, tenant: str | None, running: RunningRecord, timeout_s: float
-    ) -> tuple[int, bool, float | None]:
-        """(attempt number, cancelled, when dispatch moved it (epoch s) if known);
-        attempt -1 when the job already has a result."""
-        keys = self.keys
-        now = time.time()
-        running_for = timeout_s + margins.RUNNING_MARGIN_S
-        attempts, cancelled, dispatch_expiry = self._begin(
-            keys=[
-                keys.result(qid),
-                keys.attempts(qid),
-                keys.running(qid),
-                keys.cancel(qid),
-                keys.in_flight,
-                keys.active(tenant) if tenant else "",
-                keys.active_all if tenant else "",
-                keys.stats,
-                keys.message(qid),
-            ],
+        self, qid: str, running: RunningRecord, timeout_s: float, token: str
+    ) -> Claimed | None:
+        """Take the delivered job ``qid`` (its wall timeout ``timeout_s``); or, when it is
+        final and its chain ran on, the chain's job its slot was running (this delivery
+        takes the chain over with ``token``). None: nothing to run."""
+        reply = self._begin(
+            keys=[],
             args=[
-                self.settings.result_ttl_s,
-                running.dump(),
-                int(running_for),
+                self.keys.prefix,
                 qid,
-                now + running_for,
-                now,
+                running.dump(),
+                timeout_s + margins.RUNNING_MARGIN_S,
+                self.settings.result_ttl_s,
                 stats.STATS_TTL_S,
+                token,
+                self._chain_ttl(),
+                TASK_NAME,
+                margins.HARD_LIMIT_MARGIN_S,
+                margins.RUNNING_MARGIN_S,
             ],
         )
-        expiry = _text(dispatch_expiry)
+        attempts, cancelled, expiry, job, message = reply
+        if int(attempts) < 0:
+            return None
+        return Claimed(
+            _text(job), _text(message), int(attempts), bool(cancelled), self._dispatched(expiry)
+        )
+
+    def finish_job(
+        self,
+        result: JobResult,
+        notify: str | None,
+        qid: str,
+        tenant: str | None,
+        ttl: int | None,
+        step: ChainStep,
+    ) -> tuple[bool, Claimed | None]:
+        """Store ``result`` (first one wins: (False, ...) for a duplicate) and, if
+        ``step`` asks for one, take the chain's next job in the same round trip."""
+        store_keys, args = self._store_call(result, notify, qid, tenant, ttl, True)
+        topic, events = step.events or ("", "")
+        args += [
+            step.chain,
+            step.token,
+            "1" if step.want_next else "",
+            step.room_s,
+            step.running.dump(),
+            margins.RUNNING_MARGIN_S,
+            margins.HARD_LIMIT_MARGIN_S,
+            TASK_NAME,
+            self.settings.result_ttl_s,
+            self._chain_ttl(),
+            topic,
+            events,
+        ]
+        stored, job, message, attempts, cancelled, expiry = self._finish(keys=store_keys, args=args)
+        if not job:
+            return bool(stored), None
+        claimed = Claimed(
+            _text(job), _text(message), int(attempts), bool(cancelled), self._dispatched(expiry)
+        )
+        return bool(stored), claimed
+
+    def chain_of(self, qid: str) -> tuple[str, str] | None:
+        """(qid, message) of the job the chain under ``qid``'s message is running."""
+        current, message = self._client.hmget(self.keys.chain(qid), ["q", "m"])
+        if current is None or message is None:
+            return None
+        return _text(current), _text(message)
+
+    def end_chain(self, qid: str) -> None:
+        self._client.delete(self.keys.chain(qid))
+
+    def _chain_ttl(self) -> int:
+        # until a redelivery of the chain's message (a visibility timeout at most) has run
+        # the chain's job again, whatever its length
+        return int(2 * self.settings.visibility_timeout + margins.LONGEST_JOB_S)
+
+    def _dispatched(self, expiry: object) -> float | None:
         # dispatch set the expiry to its time + the visibility timeout (see lib_dispatch)
-        dispatched = float(expiry) - self.settings.visibility_timeout if expiry else None
-        return int(attempts), bool(cancelled), dispatched
+        text = _text(expiry) if expiry is not None else ""
+        return float(text) - self.settings.visibility_timeout if text else None
 
 
 def _text(value: object) -> str:

@@ -104,6 +104,13 @@ class Settings(BaseSettings):
         description="messages a worker holds per slot (1: no job waits behind another's)",
     )
     task_events: bool = Field(True, description="workers send task events (Flower needs them)")
+    chain_s: float = Field(
+        5.0,
+        ge=0,
+        description="seconds a slot goes on taking the next dispatched job itself, in the"
+        " round trip that stores the last one's result, before it returns to Celery for a"
+        " message (0: one Celery message per job)",
+    )
     flower_port: int = Field(5555, description="`sandfarm flower` port")
     metrics_port: int = Field(9808, description="`sandfarm metrics` port (the collector)")
     metrics_token: str = Field(
@@ -177,9 +184,15 @@ class Settings(BaseSettings):
         return Keys(self.key_prefix)
 
     def backend_config(
-        self, name: str, *, slot: int | None = None, worker: str | None = None
+        self,
+        name: str,
+        *,
+        slot: int | None = None,
+        spare_slot: int | None = None,
+        worker: str | None = None,
     ) -> ProcessConfig | BwrapConfig | DockerConfig:
-        """The typed config of backend ``name`` as these settings describe it."""
+        """The typed config of backend ``name`` as these settings describe it (``slot`` and
+        ``spare_slot``: a worker's pool process's; docker uses the first only)."""
         common: dict[str, Any] = {
             "allow_weaker": self.allow_weaker,
             "allow_network": self.allow_network,
@@ -201,6 +214,7 @@ class Settings(BaseSettings):
             exec_helper=self.exec_helper,
             favor_dynmods=self.cgroup_favordynmods,
             prewarm=self.prewarm,
+            spare_slot=spare_slot,
         )
 
     @classmethod

@@ -12,6 +12,7 @@ Fields (``|`` separates labels; tenants and ids never contain it):
 - ``run|<backend>|<bucket>`` and ``run_sum|<backend>``: job run time (s), per bucket
 - ``wait|<backend>|<bucket>`` and ``wait_sum|<backend>``: queue wait (s), per bucket
 - ``redeliveries``: deliveries after the first (a worker died, a lost ack)
+- ``chained``: jobs a slot took itself as it stored the last one's result (worker/chain.py)
 - ``recovered``: dispatched messages found nowhere and pushed again (lib_dispatch.lua)
 - ``refused|<tenant>|<reason>``: submissions refused at admission
 

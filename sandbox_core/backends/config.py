@@ -56,6 +56,13 @@ class LocalConfig(CommonConfig):
         description="set up the next job's sandbox before it arrives and tear the last one"
         " down after its result (sandbox_core.backends.prewarm)",
     )
+    spare_slot: int | None = Field(
+        None,
+        ge=0,
+        lt=d.MAX_SLOTS,
+        description="with `slot`: a second slot (and uid) used in turn with it, so the next"
+        " job's sandbox is set up in one while a job runs in the other",
+    )
 
 
 class ProcessConfig(LocalConfig):

@@ -44,16 +44,17 @@ class LocalBackend(Backend):
             if config.favor_dynmods:
                 cgroups.favor_dynmods()
             self.favors_dynmods = cgroups.favors_dynmods()
-        self.slots = slots.SlotPool(config.slot, config.workspace_dir)
+        lanes = (config.slot, config.spare_slot) if config.slot is not None else ()
+        self.slots = slots.SlotPool(tuple(i for i in lanes if i is not None), config.workspace_dir)
         # as root only: a standby's isolation from other jobs is its slot's uid
         self.prewarms = config.prewarm and self.is_root and self.exec_helper is not None
 
     @contextlib.contextmanager
     def open_session(self, spec: JobSpec) -> Iterator[LocalSession]:
         asked = time.monotonic()
-        # A fixed slot is shared by this process's backends: whatever standby another one
-        # left there is closed first, prewarm or not.
-        shared = self.slots.index is not None
+        # Fixed slots are shared by this process's backends: whatever standby another one
+        # left there is closed first when a cold session needs its slot, prewarm or not.
+        shared = bool(self.slots.lanes)
         session = prewarm.take(self, spec) if self.prewarms or shared else None
         if session is None:
             slot = self.slots.take()

@@ -141,39 +141,90 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _key(backend: LocalBackend) -> object:
-    # A worker's pool process runs all its backends in one slot: one standby per slot.
-    index = backend.slots.index
-    return ("slot", index) if index is not None else ("backend", id(backend))
+def _key(backend: LocalBackend, index: int | None = None) -> object:
+    # In a worker's pool process a standby is keyed by its slot (one per slot, whatever
+    # its backend; the first one unless ``index`` says); elsewhere by its backend, which
+    # takes any free slot.
+    if backend.slots.lanes:
+        return ("slot", backend.slots.index if index is None else index)
+    return ("backend", id(backend))
+
+
+def _lane_keys(backend: LocalBackend) -> list[object]:
+    return [("slot", index) for index in backend.slots.lanes]
 
 
 def take(backend: LocalBackend, spec: JobSpec) -> LocalSession | None:
     """A ready session for ``spec`` (its standby waiting), or None: open one cold. Either
-    way, once this returns nothing of this backend's pool is being set up or torn down
-    in a slot a cold session may take."""
+    way, once this returns a cold session finds a free slot, or one about to be free."""
+    if backend.slots.lanes:
+        return _take_lane(backend, spec)
     key = _key(backend)
-    fixed = backend.slots.index is not None
     with _cond:
-        settled = _cond.wait_for(
-            (lambda: not _tasks and not _busy) if fixed else (lambda: key not in _preparing),
-            SETTLE_TIMEOUT_S,
-        )
+        settled = _cond.wait_for(lambda: key not in _preparing, SETTLE_TIMEOUT_S)
         if not settled:  # the last session's teardown hangs: its slot is not free
             raise SlotBusyError(backend.slots.index, SETTLE_TIMEOUT_S)
         session = _ready.pop(key, None)
     if session is None:
         return None
     try:
-        if session.backend is backend and shape(session.spec) == shape(spec) and session.waiting():
+        if fits(session, backend, spec):
             session.adopt(spec)
-            if not fixed:  # the next one in another slot, while this job runs
-                _submit(key, lambda: _prepare(backend, key))
+            _submit(key, lambda: _prepare(backend, key))  # the next, while this job runs
             return session
     except BaseException:
         _close(session)
         raise
     _close(session)
     return None
+
+
+def _take_lane(backend: LocalBackend, spec: JobSpec) -> LocalSession | None:
+    """take() in a pool process's fixed slots: a standby of this backend and shape in one
+    of them, without waiting for the teardown of the others; else, once the thread has
+    nothing left to do, None (standbys that do not fit are closed first when no slot is
+    free for a cold session)."""
+    keys = _lane_keys(backend)
+
+    def ready() -> LocalSession | None:
+        for key in keys:
+            session = _ready.get(key)
+            if session and session.backend is backend and shape(session.spec) == shape(spec):
+                return session
+        return None
+
+    with _cond:
+        settled = _cond.wait_for(
+            lambda: ready() is not None or (not _tasks and not _busy), SETTLE_TIMEOUT_S
+        )
+        if not settled:  # a teardown hangs: its slot is not free
+            raise SlotBusyError(backend.slots.index, SETTLE_TIMEOUT_S)
+        session = ready()
+        if session is not None:
+            del _ready[_key(backend, session.slot.index)]
+            misfits = []
+        else:  # a cold session needs a free slot: standbys of other jobs' shapes go
+            held = [key for key in keys if key in _ready]
+            misfits = [_ready.pop(key) for key in held] if len(held) == len(keys) else []
+    for other in misfits:
+        _close(other)
+    if session is None:
+        return None
+    try:
+        if session.waiting():
+            session.adopt(spec)
+            _submit(None, lambda: _prepare(backend, None))  # the other slot, while this runs
+            return session
+    except BaseException:
+        _close(session)
+        raise
+    _close(session)
+    return None
+
+
+def fits(session: LocalSession, backend: LocalBackend, spec: JobSpec) -> bool:
+    """Whether ``session``'s standby may run ``spec``: same backend and shape, waiting."""
+    return session.backend is backend and shape(session.spec) == shape(spec) and session.waiting()
 
 
 def vacate(index: int | None) -> None:
@@ -190,6 +241,14 @@ def vacate(index: int | None) -> None:
 
 def retire(backend: LocalBackend, session: LocalSession) -> None:
     """Tear ``session`` down in the background, then make the next standby there."""
+    if backend.slots.lanes:
+
+        def in_lane() -> None:
+            _close(session)
+            _prepare(backend, None)
+
+        _submit(None, in_lane)
+        return
     key = _key(backend)
     with _cond:
         again = key not in _ready and key not in _preparing
@@ -203,16 +262,13 @@ def retire(backend: LocalBackend, session: LocalSession) -> None:
 
 
 def discard(backend: LocalBackend) -> None:
-    """Close this backend's standby and wait for its teardowns (the backend closes)."""
-    key = _key(backend)
+    """Close this backend's standbys and wait for its teardowns (the backend closes)."""
+    keys = _lane_keys(backend) if backend.slots.lanes else [_key(backend)]
     with _cond:
         _cond.wait_for(lambda: not _tasks and not _busy, SETTLE_TIMEOUT_S)
-        session = _ready.get(key)
-        if session is not None and session.backend is backend:
-            del _ready[key]
-        else:
-            session = None
-    if session is not None:
+        mine = [key for key in keys if key in _ready and _ready[key].backend is backend]
+        sessions = [_ready.pop(key) for key in mine]
+    for session in sessions:
         _close(session)
 
 
@@ -253,15 +309,18 @@ def settle() -> None:
         _cond.wait_for(lambda: not _tasks and not _busy, SETTLE_TIMEOUT_S)
 
 
-def _prepare(backend: LocalBackend, key: object) -> None:
+def _prepare(backend: LocalBackend, key: object | None) -> None:
+    """A standby in a free slot (none when no slot is free); ``key``: the backend's own,
+    for a backend without fixed slots (its entry in _preparing ends here)."""
     session, evicted = None, []
     try:
         session = backend.standby_session(TEMPLATE)
     finally:
         with _cond:
-            _preparing.discard(key)
+            if key is not None:
+                _preparing.discard(key)
             if session is not None:
-                _ready[key] = session
+                _ready[key if key is not None else _key(backend, session.slot.index)] = session
                 while len(_ready) > MAX_READY:
                     evicted.append(_ready.pop(next(iter(_ready))))
             _cond.notify_all()

@@ -239,3 +239,57 @@ def test_rlimits_only_lower_than_the_workers_use_a_standby() -> None:
     if hard != resource.RLIM_INFINITY:
         assert not prewarm.lowers_only([(resource.RLIMIT_NOFILE, hard + 1, hard + 1)])
         assert not prewarm.lowers_only([(resource.RLIMIT_NOFILE, 1, resource.RLIM_INFINITY)])
+
+
+def test_with_a_spare_slot_the_next_sandbox_waits_out_of_the_running_jobs_reach(
+    name: str,
+) -> None:
+    """A worker's pool process has a spare slot: while a job runs in one slot, the next
+    job's standby waits in the other, under the other slot's uid. The running job is
+    handed the standby's pid and tries to signal it and read its /proc: it cannot, and
+    the next job runs in that standby, unharmed."""
+    import threading
+
+    spare = SLOT + 1
+    backend = make(name, slot=SLOT, spare_slot=spare)
+    try:
+        run(backend, "true")  # cold; the standby for the next job is made after it
+        standby_of(backend)
+        outcome: dict[str, JobResult] = {}
+        probe = (
+            "while [ ! -s pid ]; do sleep 0.01; done; p=$(cat pid);"
+            " kill -0 $p 2>/dev/null && echo signalled || echo refused;"
+            " cat /proc/$p/environ >/dev/null 2>&1 && echo read || echo unread; id -u"
+        )
+        job = threading.Thread(target=lambda: outcome.update(job=run(backend, probe)))
+        job.start()
+        try:
+            # The job took the standby; the next one is made in the other slot meanwhile.
+            deadline = time.monotonic() + 10
+            other = None
+            while other is None and time.monotonic() < deadline:
+                for index in (SLOT, spare):
+                    session = prewarm._ready.get(("slot", index))
+                    if session is not None and session.standby is not None:
+                        other = session
+                time.sleep(0.01)
+            assert other is not None, "no standby in the other slot while the job ran"
+            standby = other.standby
+            assert standby is not None and standby.alive()  # the target is there
+            running_in = spare if other.slot.index == SLOT else SLOT
+            work = list((slots.workspace_base() / f"slot-{running_in}").glob("*/work"))
+            assert len(work) == 1, work
+            (work[0] / "pid").write_text(str(standby.proc.pid))
+        finally:
+            job.join(30)
+        attack = outcome["job"]
+        refused, unread, uid = attack.steps[0].stdout.split()
+        assert (refused, unread) == ("refused", "unread"), attack.steps[0].stdout
+        assert int(uid) == slots.slot_uid(running_in)
+        assert int(uid) != slots.slot_uid(other.slot.index)  # the two slots' uids differ
+        assert standby.alive()  # unharmed, and the next job runs in it
+        victim = run(backend, "id -u")
+        assert victim.timings.phases.prewarmed is True
+        assert int(victim.steps[0].stdout) == slots.slot_uid(other.slot.index)
+    finally:
+        backend.close()

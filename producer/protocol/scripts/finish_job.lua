@@ -1,0 +1,51 @@
+-- Store a job's result (lib_store.lua's store, with its KEYS and ARGV 1-21) and, for a
+-- chain that still has time, hand its slot the next job in the same step: the message
+-- a worker's BRPOP would take next (dispatch just refilled the Celery queue by fair
+-- share), begun here (lib_begin.lua). A chain runs under its first message, which stays
+-- unacked: its record (chain:<that message's qid>) names the job now running, so a
+-- redelivery of the message runs that job again (begin_attempt.lua).
+-- ARGV 22 the chain's qid (its message's), 23 this delivery's token, 24 '1' to take a
+-- next job, 25 the longest job (s) that may still start, 26 running JSON, 27 running
+-- margin (s), 28 hard limit margin (s), 29 task name, 30 result ttl (s), 31 chain ttl
+-- (s), 32 event channel ('' for none), 33 the job's task events (published once stored).
+-- Returns {stored (1/0), next qid ('' for none), its message, attempts, cancelled,
+-- dispatch expiry}.
+local prefix, qid, queue = ARGV[5], ARGV[3], ARGV[12]
+local chain, token = prefix .. 'chain:' .. ARGV[22], ARGV[23]
+local owner, current, held = unpack(redis.call('HMGET', chain, 'o', 'q', 'm'))
+if owner and owner ~= token then
+  -- a redelivery of the chain's message took it over (begin_attempt): stop here
+  local stored = store(KEYS, ARGV)
+  if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
+  return {stored, '', '', 0, 0, ''}
+end
+if current and current ~= qid and held then
+  -- this chain's last step took `current` already and its answer was lost (a retry)
+  local attempts = redis.call('GET', prefix .. 'attempts:' .. current) or '1'
+  return {1, current, held, tonumber(attempts), redis.call('EXISTS', prefix .. 'cancel:' .. current), ''}
+end
+local stored = store(KEYS, ARGV)
+if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
+if ARGV[24] == '1' then
+  local now, room = now_s(), tonumber(ARGV[25])
+  for _ = 1, 64 do
+    local raw = redis.call('RPOP', queue)
+    if not raw then break end
+    local job, timeout = job_of(raw, ARGV[29], tonumber(ARGV[28]))
+    if not job or timeout > room then
+      redis.call('RPUSH', queue, raw)  -- back where it was, for a worker's own delivery
+      break
+    end
+    local a, c, d = begin_job(prefix, job, ARGV[26], timeout + tonumber(ARGV[27]), now,
+      ARGV[30], ARGV[21])
+    if a >= 0 then
+      redis.call('HSET', chain, 'q', job, 'm', raw, 'o', token)
+      redis.call('EXPIRE', chain, ARGV[31])
+      redis.call('HINCRBY', prefix .. 'stats', 'chained', 1)
+      return {stored, job, raw, a, c, d}
+    end
+    -- final already (cancelled while it waited): consumed, as a worker's begin would
+  end
+end
+redis.call('DEL', chain)
+return {stored, '', '', 0, 0, ''}

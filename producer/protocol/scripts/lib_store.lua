@@ -1,0 +1,63 @@
+-- store(K, A): store a job's final result once, announce it on the submitting client's
+-- list, count the tenant's usage, free its dispatch slot and dispatch the next job, in
+-- one step (after lib_dispatch). The first stored result wins; a second one (a
+-- redelivered job) is only counted.
+-- K (keys): result, done list ('' for none), duplicates counter, in-flight zset, running
+-- flag, stats hash (protocol/stats.py)
+-- A (args): 1 result JSON, 2 ttl (s), 3 qid, 4 done-list cap, 5 prefix, 6 tenant ('' for
+-- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes, 12 Celery queue,
+-- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown), 16 backend
+-- label, 17 run-time bucket ('' if it did not run), 18 run s, 19 queue-wait bucket ('' if
+-- unknown), 20 wait s, 21 stats ttl (s).
+-- Returns 1 when stored, 0 for a duplicate. The result's phases.store_ms (null when
+-- sent) becomes the time from finished to stored, by this host's clock: JSON strings
+-- escape their quotes, so the first '"store_ms":null' is that field.
+local function store(K, A)
+  local qid, prefix, tenant = A[3], A[5], A[6]
+  local payload = A[1]
+  if A[15] ~= '' then
+    local t = redis.call('TIME')
+    local ms = (tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(A[15])) * 1000
+    payload = string.gsub(payload, '"store_ms":null', string.format('"store_ms":%.3f', ms), 1)
+  end
+  if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
+    if K[2] ~= '' then
+      redis.call('RPUSH', K[2], qid)
+      redis.call('LTRIM', K[2], -tonumber(A[4]), -1)
+      redis.call('EXPIRE', K[2], A[2])
+    end
+    redis.call('ZREM', K[4], qid)
+    redis.call('DEL', K[5])
+    redis.call('DEL', prefix .. 'msg:' .. qid)  -- final without a begin (rejected, cancelled)
+    -- the counters: one HINCRBY each, bucket chosen by the caller (fixed bounds)
+    local backend = A[16]
+    local who = tenant ~= '' and tenant or 'none'
+    redis.call('HINCRBY', K[6], 'jobs|' .. who .. '|' .. backend .. '|' .. A[8], 1)
+    if A[17] ~= '' then
+      redis.call('HINCRBY', K[6], 'run|' .. backend .. '|' .. A[17], 1)
+      redis.call('HINCRBYFLOAT', K[6], 'run_sum|' .. backend, A[18])
+    end
+    if A[19] ~= '' then
+      redis.call('HINCRBY', K[6], 'wait|' .. backend .. '|' .. A[19], 1)
+      redis.call('HINCRBYFLOAT', K[6], 'wait_sum|' .. backend, A[20])
+    end
+    redis.call('EXPIRE', K[6], A[21])
+    if tenant ~= '' then
+      local usage = prefix .. 'usage:' .. tenant .. ':' .. A[7]
+      redis.call('HINCRBY', usage, 'jobs', 1)
+      redis.call('HINCRBY', usage, 'status:' .. A[8], 1)
+      redis.call('HINCRBYFLOAT', usage, 'cpu_ms', A[9])
+      redis.call('HINCRBYFLOAT', usage, 'wall_ms', A[10])
+      redis.call('HINCRBY', usage, 'bytes', A[11])
+      redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
+      redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
+      redis.call('ZREM', prefix .. 'active', qid)
+      dispatch(prefix, A[12], tonumber(A[13]), 2, tonumber(A[14]))
+    end
+    return 1
+  end
+  redis.call('INCR', K[3])
+  redis.call('EXPIRE', K[3], A[2])
+  redis.call('ZREM', K[4], qid)
+  return 0
+end

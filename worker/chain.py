@@ -1,0 +1,140 @@
+"""A slot's chain: the jobs one delivered message runs back to back.
+
+Celery hands a pool process one message per job: the main process BRPOPs it, records it
+unacked, sends three task events, pickles it over a pipe, and acks it after; at 2 slots
+that cost as much CPU as a small job itself (ops/bench/RESULTS.md). So a slot that
+finishes a job stores its result and takes the next dispatched job in the same Redis
+round trip (finish_job.lua): the message a worker's BRPOP would have taken next, in
+the order fair share put it in the Celery queue. It keeps doing so for ``chain_s``
+seconds, then returns to Celery for its next message.
+
+Nothing is lost or run twice on the way: the first message stays unacked while its chain
+runs, and the chain's record (``Keys.chain``) names the job the slot runs now. A slot
+that dies leaves the message to be redelivered (at once for a killed pool process,
+after the visibility timeout for a dead worker); its new delivery finds the record and
+runs that job again, with its attempt counted (begin_attempt.lua). A job is taken only
+if its deadline falls before the message's soft time limit and visibility timeout, with
+``margins.CHAIN_SLACK_S`` to spare, so the message is never redelivered while its chain
+is alive. A warm shutdown stops chains at their current job.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic_core import from_json
+
+from producer.protocol import MessageMeta, RunningRecord, margins
+from producer.protocol.scripts import ChainStep, Claimed
+from sandbox_core import JobResult
+from worker import events
+from worker.app import settings, slot_index, stopping
+from worker.jobs import Job, client, scripts, timeout_of
+
+
+class Chain:
+    """The jobs of one delivered message (whose qid is ``root``), in this pool process."""
+
+    def __init__(self, request: Any, root: str) -> None:
+        self.root = root
+        self.token = uuid.uuid4().hex  # this delivery's: a redelivery takes the chain over
+        self.clock = time.monotonic()  # about when the message was delivered
+        self.hostname: str | None = request.hostname
+        self.task_name: str = request.task
+        hard_soft = request.timelimit or (None, None)
+        soft = hard_soft[1] or margins.WORKER_SOFT_LIMIT_S
+        self.limit_s = min(float(soft), settings.visibility_timeout) - margins.CHAIN_SLACK_S
+        self.running = RunningRecord(worker=self.hostname, pid=os.getpid(), slot=slot_index())
+        self._channel: str | None = None
+
+    def begin(self, spec: Any, raw_meta: MessageMeta) -> Job | None:
+        """The delivered message's job; or the job its chain was running when the slot
+        died; None: nothing to run (final already, or cancelled by then)."""
+        claimed = scripts().begin_attempt(raw_meta.qid, self.running, timeout_of(spec), self.token)
+        return None if claimed is None else _job(claimed, spec, raw_meta)
+
+    def finish(self, job: Job, result: JobResult, text: str) -> tuple[bool, Job | None]:
+        """Store ``result`` (False: a duplicate, not stored) and take the chain's next job
+        if it has time left; ``text`` is the job's summary for its task events."""
+        elapsed = time.monotonic() - self.clock
+        room = self.limit_s - elapsed
+        want = elapsed < settings.chain_s and room > 0 and not stopping()
+        meta = job.meta
+        step = ChainStep(
+            self.root,
+            self.token,
+            want,
+            room,
+            self.running,
+            self._events(job, result, text) if meta.qid != self.root else None,
+        )
+        stored, claimed = scripts().finish_job(
+            result, meta.notify, meta.qid, meta.tenant, meta.ttl, step
+        )
+        return stored, None if claimed is None else _job(claimed, None, None)
+
+    def _events(self, job: Job, result: JobResult, text: str) -> tuple[str, str] | None:
+        """The task events of a job Celery never saw (published once it is stored)."""
+        if not settings.task_events:
+            return None
+        if self._channel is None:
+            db = client().connection_pool.connection_kwargs.get("db") or 0
+            self._channel = events.channel(int(db))
+        finished = result.timings.finished_at or datetime.now(UTC)
+        payload = events.task_events(
+            hostname=self.hostname or "",
+            qid=job.meta.qid,
+            name=self.task_name,
+            argsrepr=job.argsrepr,
+            result=text,
+            received=job.began.timestamp(),
+            started=job.began.timestamp(),
+            finished=finished.timestamp(),
+        )
+        return self._channel, payload
+
+
+def _job(claimed: Claimed, spec: Any, meta: MessageMeta | None) -> Job:
+    """The Job of what begin or finish took: the delivered message's own (spec, meta
+    given), or a chain's, whose spec and meta are in its own task message."""
+    argsrepr = ""
+    if claimed.message:
+        spec, meta, argsrepr = from_message(claimed.message, claimed.qid)
+    assert meta is not None
+    return Job(
+        spec=spec,
+        meta=meta,
+        attempts=claimed.attempts,
+        cancelled=claimed.cancelled,
+        dispatched=claimed.dispatched,
+        began=datetime.now(UTC),
+        argsrepr=argsrepr,
+    )
+
+
+def from_message(raw: str, qid: str) -> tuple[Any, MessageMeta, str]:
+    """(spec, meta, argsrepr) of a task message finish_job or begin_attempt handed over.
+    Its spec is validated when the job runs; a meta that does not parse is rebuilt from
+    the qid (so the job still gets its result: `rejected`, for a spec of None)."""
+    spec: Any = None
+    meta: MessageMeta | None = None
+    argsrepr = ""
+    try:
+        message = from_json(raw)
+        argsrepr = str(message["headers"].get("argsrepr") or "")
+        body = message["body"]
+        if message["properties"].get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = from_json(body)[0]
+        spec, meta = args[0], MessageMeta.model_validate(args[1])
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        meta = None
+    if meta is None or meta.qid != qid:
+        tenant, _, job_id = qid.rpartition("/")
+        meta, spec = MessageMeta(id=job_id, tenant=tenant or None), None
+    return spec, meta, argsrepr.replace("backend=default", f"backend={settings.default_backend}", 1)
