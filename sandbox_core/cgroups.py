@@ -204,6 +204,10 @@ class JobCgroup:
     dirs: list[Path] = field(default_factory=list)
     _limits: tuple[int, int, float | None] | None = None  # what set_limits last wrote
     files: OpenFiles = field(default_factory=OpenFiles, repr=False, compare=False)
+    # The paths read or written after every step, built once (a slot's group lives long).
+    _paths: dict[str, Path | None] = field(default_factory=dict, repr=False, compare=False)
+    _procs: list[str] | None = field(default=None, repr=False, compare=False)
+    _oom_seen: int | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def create(
@@ -253,26 +257,42 @@ class JobCgroup:
                 (layout.cpu / name / "cpu.cfs_quota_us").write_text(v1_quota)
         self._limits = (memory_bytes, pids_max, cpus)
 
+    def _path(self, what: str) -> Path | None:
+        """The file of this group named by ``what`` ("cpu", "oom", "kill"), or None."""
+        if what not in self._paths:
+            layout, found = self.layout, None
+            if what == "cpu" and layout.cpuacct is not None:
+                name = "cpu.stat" if layout.cpu_v2 else "cpuacct.usage"
+                found = layout.cpuacct / self.name / name
+            elif what == "oom" and layout.memory is not None:
+                found = layout.memory / self.name / oom_file(layout.memory_v2)
+            elif what == "kill" and layout.kill_v2 is not None:
+                found = layout.kill_v2 / self.name / "cgroup.kill"
+            self._paths[what] = found
+        return self._paths[what]
+
     def cpu_ns(self) -> int:
         """CPU time every process of this group has used so far, in nanoseconds (0 if the
         host does not count it)."""
-        acct = self.layout.cpuacct
-        if acct is None:
+        path = self._path("cpu")
+        if path is None:
             return 0
         with contextlib.suppress(OSError, ValueError):
             if self.layout.cpu_v2:
-                for line in self.files.read(acct / self.name / "cpu.stat").decode().splitlines():
+                for line in self.files.read(path).decode().splitlines():
                     key, _, value = line.partition(" ")
                     if key == "usage_usec":
                         return int(value) * 1000
             else:
-                return int(self.files.read(acct / self.name / "cpuacct.usage"))
+                return int(self.files.read(path))
         return 0
 
     @property
     def procs_files(self) -> list[str]:
         """Files the child writes its pid to, before exec, to join every hierarchy."""
-        return [str(path / "cgroup.procs") for path in self.dirs]
+        if self._procs is None:
+            self._procs = [str(path / "cgroup.procs") for path in self.dirs]
+        return self._procs
 
     def pids(self, dirs: list[Path] | None = None) -> set[int]:
         found: set[int] = set()
@@ -314,9 +334,10 @@ class JobCgroup:
         deadline = time.monotonic() + wait_s
         layout = self.layout
         while True:
-            if layout.kill_v2 is not None:
+            kill_file = self._path("kill")
+            if kill_file is not None:
                 with contextlib.suppress(OSError):
-                    self.files.write(layout.kill_v2 / self.name / "cgroup.kill", b"1")
+                    self.files.write(kill_file, b"1")
             elif layout.freezer_v1 is not None:
                 self._freeze_and_kill(layout.freezer_v1 / self.name)
             else:
@@ -331,8 +352,12 @@ class JobCgroup:
 
     def _kill_dirs(self) -> list[Path] | None:
         """This group's directory in the hierarchy that kills it (None: every one)."""
-        root = self.layout.kill_v2 or self.layout.freezer_v1
-        return [root / self.name] if root is not None and root / self.name in self.dirs else None
+        if "kill_dirs" not in self._paths:
+            root = self.layout.kill_v2 or self.layout.freezer_v1
+            found = root / self.name if root is not None else None
+            self._paths["kill_dirs"] = found if found in self.dirs else None
+        own = self._paths["kill_dirs"]
+        return [own] if own is not None else None
 
     @staticmethod
     def _freeze_and_kill(path: Path) -> None:
@@ -347,16 +372,24 @@ class JobCgroup:
 
     def oom_kills(self) -> int:
         """How many processes of this group the kernel's OOM killer has killed so far."""
-        mem = self.layout.memory
-        if mem is None:
+        path = self._path("oom")
+        if path is None:
             return 0
         with contextlib.suppress(OSError):
-            path = mem / self.name / oom_file(self.layout.memory_v2)
-            return parse_oom_kills(self.files.read(path).decode())
+            self._oom_seen = parse_oom_kills(self.files.read(path).decode())
+            return self._oom_seen
         return 0
+
+    def oom_kills_before(self) -> int:
+        """The OOM count before a step: as the last read left it (after the slot's last
+        step, which the group's kill ended; only the next sandbox's helper ran since),
+        else read now."""
+        return self._oom_seen if self._oom_seen is not None else self.oom_kills()
 
     def remove(self) -> None:
         self.files.close()
+        self._paths.clear()
+        self._procs = None
         for path in self.dirs:
             for _ in range(50):
                 try:

@@ -91,6 +91,10 @@ class Workspace:
         if self.mounted:
             unmount(str(self.root))
             self.mounted = False
+            # the tmpfs held everything: its mount point is empty once it is gone
+            with contextlib.suppress(OSError):
+                os.rmdir(self.root)
+                return
         shutil.rmtree(self.root, ignore_errors=True)
 
     # --- files in and out; only call while no job process is alive -----------------

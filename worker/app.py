@@ -5,6 +5,7 @@ Start it with ``sandfarm worker`` (or ``celery -A worker.app worker -O fair -E``
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import subprocess
@@ -14,7 +15,13 @@ import warnings
 from celery import Celery, signals
 from celery.app import trace
 
-from producer.protocol import Settings, broker_config, get_settings, margins
+from producer.protocol import (
+    Settings,
+    SlotReservationError,
+    broker_config,
+    get_settings,
+    margins,
+)
 from sandbox_core import defaults as d
 from worker import kombu_fixes, reservation
 
@@ -77,8 +84,7 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
     """Reserve this worker's block of slots and start its reaper (main process)."""
     global _reservation, _reaper
     size = int(getattr(sender, "concurrency", None) or settings.concurrency)
-    lanes = lanes_per_process(size)
-    _reservation = reservation.reserve(size * lanes, settings.slot_base, processes=size)
+    _reservation = _reserve(size)
     name = getattr(sender, "hostname", None) or f"pid{os.getpid()}"
     # Sweep what a previous, dead worker left in our slots before the first job.
     from worker.reaper import sweep_free
@@ -110,6 +116,16 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
         f" reaper pid {_reaper.pid}, visibility timeout {settings.visibility_timeout:g}s",
         flush=True,
     )
+
+
+def _reserve(size: int) -> reservation.Reservation:
+    """Slots for ``size`` pool processes: each with a spare where the host has room for
+    one (prewarm), else one each."""
+    lanes = lanes_per_process(size)
+    if lanes > 1:
+        with contextlib.suppress(SlotReservationError):
+            return reservation.reserve(size * lanes, settings.slot_base, processes=size)
+    return reservation.reserve(size, settings.slot_base, processes=size)
 
 
 @signals.worker_shutdown.connect

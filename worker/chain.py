@@ -37,6 +37,13 @@ from worker.app import settings, slot_index, stopping
 from worker.jobs import Job, client, scripts, timeout_of
 
 
+def chain_s() -> float:
+    """How long a chain takes jobs: none where a worker prefetches messages beyond its
+    slots (one could wait in the main process behind a whole chain, its visibility
+    timeout running, which a chain's clock, started with its task, would not count)."""
+    return settings.chain_s if settings.prefetch_multiplier == 1 else 0.0
+
+
 class Chain:
     """The jobs of one delivered message (whose qid is ``root``), in this pool process."""
 
@@ -63,7 +70,7 @@ class Chain:
         if it has time left; ``text`` is the job's summary for its task events."""
         elapsed = time.monotonic() - self.clock
         room = self.limit_s - elapsed
-        want = elapsed < settings.chain_s and room > 0 and not stopping()
+        want = elapsed < chain_s() and room > 0 and not stopping()
         meta = job.meta
         step = ChainStep(
             self.root,

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from typing import Any
 
 from celery.app import trace
-from celery.utils.saferepr import saferepr
 from celery.utils.time import utcoffset
 from pydantic_core import to_json
 
@@ -24,6 +24,15 @@ EXCHANGE = "celeryev"
 ROUTING_KEY = "task.multi"
 
 _log = logging.getLogger(trace.__name__)
+_offset: tuple[float, float] = (0.0, 0.0)  # (read at, hours): the zone changes seldom
+
+
+def _utcoffset() -> float:
+    global _offset
+    now = time.monotonic()
+    if now - _offset[0] > 60 or not _offset[0]:
+        _offset = (now, utcoffset())
+    return _offset[1]
 
 
 def channel(db: int) -> str:
@@ -46,7 +55,7 @@ def task_events(
     """The kombu message carrying one job's task-received, -started and -succeeded."""
     base: dict[str, Any] = {
         "hostname": hostname,
-        "utcoffset": utcoffset(),
+        "utcoffset": _utcoffset(),
         "pid": os.getpid(),
         "clock": 0,  # no Lamport clock here: the timestamps order them
         "uuid": qid,
@@ -68,7 +77,7 @@ def task_events(
         {**base, "timestamp": started, "type": "task-started"},
         {
             **base,
-            "result": saferepr(result),
+            "result": repr(result),  # a summary: short and printable
             "runtime": finished - started,
             "timestamp": finished,
             "type": "task-succeeded",
@@ -93,5 +102,5 @@ def task_events(
 def log_ran(qid: str, name: str, runtime: float, result: str) -> None:
     """The line Celery logs for a task it ran (trace.LOG_SUCCESS, as worker.app sets it)."""
     if _log.isEnabledFor(logging.INFO):
-        fields = {"id": qid, "name": name, "runtime": runtime, "return_value": saferepr(result)}
+        fields = {"id": qid, "name": name, "runtime": runtime, "return_value": repr(result)}
         _log.info(trace.LOG_SUCCESS, fields)

@@ -64,28 +64,25 @@ class ExecuteTask(Task):  # Celery's Task is untyped (Any)
         reason = f"farm failure: {type(exc).__name__}: {exc}"
         with contextlib.suppress(Exception):
             scripts = jobs.scripts()
-            scripts.store_result(
-                jobs.final(meta.id, Status.ERROR, reason),
-                meta.notify,
-                meta.qid,
-                meta.tenant,
-                ttl=meta.ttl,
-            )
             current = scripts.chain_of(meta.qid)
-            if current is not None:
-                _, held, _ = from_message(current[1], current[0])
-                result = jobs.final(held.id, Status.ERROR, reason)
-                scripts.store_result(result, held.notify, held.qid, held.tenant, ttl=held.ttl)
-                scripts.end_chain(meta.qid)
+            if current is None:  # the message's own job (it may be final: counted then)
+                result = jobs.final(meta.id, Status.ERROR, reason)
+                scripts.store_result(result, meta.notify, meta.qid, meta.tenant, ttl=meta.ttl)
+                return
+            # a chain's job was running (its message's own job is final)
+            _, held, _ = from_message(current[1], current[0])
+            result = jobs.final(held.id, Status.ERROR, reason)
+            scripts.store_result(result, held.notify, held.qid, held.tenant, ttl=held.ttl)
+            scripts.end_chain(meta.qid)
 
 
 @app.task(name=TASK_NAME, bind=True, base=ExecuteTask, acks_late=True, reject_on_worker_lost=True)
 def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
     meta = MessageMeta.model_validate(raw_meta)
     chain = Chain(self.request, meta.qid)
-    job = chain.begin(spec, meta)
     own = "already final"  # a redelivery after the result was stored, or a cancelled job
     try:
+        job = chain.begin(spec, meta)
         while job is not None:
             clock = time.monotonic()
             try:
@@ -102,7 +99,8 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
                 events.log_ran(job.meta.qid, TASK_NAME, ran, jobs.summary(result, stored))
             job = following
     except redis.RedisError as exc:
-        # A job the chain took may be waiting in its record: the message must come back
-        # (unacked, or requeued) so that its redelivery runs it.
-        raise Reject(f"the farm's Redis failed mid-chain: {exc}", requeue=True) from exc
+        # The job begun (or the one a chain took) may wait in Redis for a run that never
+        # comes: the message must come back (unacked, or requeued) so that a redelivery
+        # runs it (its attempt counted).
+        raise Reject(f"the farm's Redis failed: {exc}", requeue=True) from exc
     return own

@@ -17,10 +17,11 @@ SOFT_LIMIT_MARGIN_S = 60.0
 HARD_LIMIT_MARGIN_S = 90.0
 
 # A chain (worker/chain.py) takes a job only if the job's deadline falls this long before
-# the soft time limit and the visibility timeout of the message it runs under: the
-# sandbox's kill and the result's store fit, and the message is never redelivered (nor
-# the job stopped by Celery) while its chain is alive.
-CHAIN_SLACK_S = 10.0
+# the soft time limit and the visibility timeout of the message it runs under: the job's
+# slot wait, setup, the sandbox's kill and the result's store fit (a job of its own has
+# SOFT_LIMIT_MARGIN_S), and the message is never redelivered (nor the job stopped by
+# Celery) while its chain is alive. A default job (30 s) still fits after a default one.
+CHAIN_SLACK_S = 30.0
 
 # The worker-wide hard limit: above the longest job, below the visibility timeout.
 WORKER_HARD_LIMIT_S = LONGEST_JOB_S + VISIBILITY_MARGIN_S / 2

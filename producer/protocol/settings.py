@@ -56,7 +56,8 @@ class Settings(BaseSettings):
     slot_base: int | None = Field(
         None,
         ge=0,
-        description="first slot of this worker; default: the highest free block on the host",
+        description="first slot of this worker (it takes concurrency slots, twice that with"
+        " prewarm's spares); default: the highest free block on the host",
     )
     reaper_interval_s: float = Field(
         5.0, gt=0, description="how often a worker sweeps slots that dead workers left"

@@ -79,6 +79,9 @@ class Session(ABC):
         """Kill everything the job started and remove its workspace; never raises."""
 
 
+PROTECTIONS_TTL_S = 10.0
+
+
 class Backend(ABC):
     name: str = "abstract"
 
@@ -118,12 +121,22 @@ class Backend(ABC):
             )
         if self.allow_weaker:
             return
-        active = {p.name: p for p in self.protections()}
+        active = self._active_protections()
         for name in self.required_protections(spec):
             protection = active.get(name)
             if protection is None or not protection.active:
                 detail = protection.detail if protection else "not offered by this backend"
                 raise ProtectionUnavailableError(name, detail)
+
+    def _active_protections(self) -> dict[str, Protection]:
+        """protections() by name, asked again at most every PROTECTIONS_TTL_S: what the
+        host gives changes with its setup, not job by job (and asking costs ~0.1 ms)."""
+        cached = getattr(self, "_protections_seen", None)
+        now = time.monotonic()
+        if cached is None or now - cached[0] > PROTECTIONS_TTL_S:
+            cached = (now, {p.name: p for p in self.protections()})
+            self._protections_seen = cached
+        return cached[1]
 
     # --- the public logic ---------------------------------------------------------
 
@@ -332,7 +345,7 @@ def bounded(result: JobResult, limit: int = d.MAX_RESULT_BYTES) -> JobResult:
     """The result within ``limit`` bytes as serialised. Each stream and file is bounded
     as it serialises already; names, messages and many steps could still add up, so the
     collected files go first, then the steps' output (the statuses always stay)."""
-    if len(result.model_dump_json()) <= limit:
+    if json_upper_bound(result) <= limit or len(result.model_dump_json()) <= limit:
         return result
     if result.files:
         result.files_omitted += len(result.files)
@@ -345,6 +358,25 @@ def bounded(result: JobResult, limit: int = d.MAX_RESULT_BYTES) -> JobResult:
         step.stdout = step.stderr = f"[... {omitted} characters dropped: result bound ...]"
         step.truncated = True
     return result
+
+
+# What a result's JSON holds besides its texts, at most: keys, numbers, flags, times.
+_RESULT_FIXED, _STEP_FIXED, _FILE_FIXED = 4096, 1024, 256
+
+
+def json_upper_bound(result: JobResult) -> int:
+    """Bytes the result's JSON cannot exceed, without serialising it: each character of
+    its texts is at most 6 bytes (a control character's \\u escape), plus the fixed
+    parts (tests/unit/test_result_bound.py fills every text field to check it)."""
+    chars = len(result.id or "") + len(result.message or "")
+    chars += len(result.backend or "") + len(result.worker or "")
+    chars += sum(len(k) + len(v) for k, v in result.labels.items())
+    for step in result.steps:
+        chars += len(step.kind) + len(step.stdout) + len(step.stderr) + len(step.message or "")
+    for file in result.files:
+        chars += len(file.path) + len(file.content)
+    fixed = _RESULT_FIXED + _STEP_FIXED * len(result.steps) + _FILE_FIXED * len(result.files)
+    return 6 * chars + fixed
 
 
 _SEVERITY = [

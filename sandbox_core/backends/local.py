@@ -8,6 +8,7 @@ import os
 import time
 from abc import abstractmethod
 from collections.abc import Iterator
+from typing import Any
 
 from sandbox_core import cgroups, slots
 from sandbox_core import defaults as d
@@ -218,9 +219,12 @@ class LocalBackend(Backend):
     @abstractmethod
     def child_setup(self, session: LocalSession) -> ChildSetup: ...
 
-    def base_child_setup(self, session: LocalSession, private_net: bool) -> ChildSetup:
+    def base_child_setup(self, session: LocalSession, private_net: bool, **more: Any) -> ChildSetup:
+        """The setup every local step shares, plus ``more`` of ChildSetup's fields (one
+        construction: a step builds this once, before its start)."""
+        cgroup = session.cgroup
         return ChildSetup(
-            cgroup_procs=session.cgroup.procs_files if session.cgroup else (),
+            cgroup_procs=cgroup.procs_files if cgroup else (),
             private_net=private_net,
             net_as_root=self.is_root,
             # With a memory cgroup, that is the memory bound (and an OOM kill its honest
@@ -228,8 +232,9 @@ class LocalBackend(Backend):
             # could then fake memory_exceeded by printing an allocation error.
             rlimits=rlimits_for(
                 session.spec.limits,
-                address_space=session.cgroup is None or session.cgroup.layout.memory is None,
+                address_space=cgroup is None or cgroup.layout.memory is None,
             ),
             uid=session.slot.uid,
             gid=session.slot.gid,
+            **more,
         )

@@ -185,7 +185,7 @@ class LocalSession(Session):
     ) -> ExecOutcome:
         write_script(self.scripts / f"step-{index}", source_of(step), self.slot.gid)
         argv = script_argv(step, self.backend.python, f"{self.paths.scripts}/step-{index}")
-        ooms_before = self.cgroup.oom_kills() if self.cgroup else 0
+        ooms_before = self.cgroup.oom_kills_before() if self.cgroup else 0
         cpu_before = self.cgroup.cpu_ns() if self.cgroup else 0
         self.clean = False
         setup = self.backend.child_setup(self)

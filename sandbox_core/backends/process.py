@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
-from functools import cache
+from functools import cache, cached_property
 
 from sandbox_core import slots
 from sandbox_core.backends.base import Protection
@@ -85,18 +84,23 @@ class ProcessBackend(LocalBackend):
         return self.exec_helper is not None and not (setup.private_net and setup.netns_fd is None)
 
     def child_setup(self, session: LocalSession) -> ChildSetup:
-        setup = self.base_child_setup(session, private_net=not session.spec.limits.network)
-        setup = dataclasses.replace(setup, seccomp=job_filter())
-        if self.is_root:
-            # Own /tmp, /var/tmp, /dev/shm and IPC: nothing left there for the next job; own
-            # ptys (the host's table is shared); no other job's workspace in its mounts.
-            setup = dataclasses.replace(
-                setup,
-                private_tmp_mb=session.spec.limits.workspace_mb,
-                devpts_max=session.spec.limits.ptys,
-                hide_under=str(slots.workspace_base(self.workspace_dir)),
-                keep=str(session.ws.root),
-            )
-            if setup.private_net:
-                setup = dataclasses.replace(setup, netns_fd=session.slot.network_namespace())
-        return setup
+        limits = session.spec.limits
+        private_net = not limits.network
+        if not self.is_root:
+            return self.base_child_setup(session, private_net, seccomp=job_filter())
+        # Own /tmp, /var/tmp, /dev/shm and IPC: nothing left there for the next job; own
+        # ptys (the host's table is shared); no other job's workspace in its mounts.
+        return self.base_child_setup(
+            session,
+            private_net,
+            seccomp=job_filter(),
+            private_tmp_mb=limits.workspace_mb,
+            devpts_max=limits.ptys,
+            hide_under=self._hide_under,
+            keep=str(session.ws.root),
+            netns_fd=session.slot.network_namespace() if private_net else None,
+        )
+
+    @cached_property
+    def _hide_under(self) -> str:
+        return str(slots.workspace_base(self.workspace_dir))

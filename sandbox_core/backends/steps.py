@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import string
 from collections.abc import Mapping
 
@@ -70,21 +69,40 @@ def direct_words(command: str, env: Mapping[str, str]) -> list[str] | None:
         return None  # bash expands a leading ~ in PATH entries; execve would not
     if len(command.encode()) > INLINE_SOURCE_BYTES:
         return None  # its words go on the helper's command line (128 KiB per word)
+    # One pass checks the grammar and splits the words as bash (and shlex) would: quotes
+    # removed, quoted and plain parts of a word joined, '' an empty word.
+    words: list[str] = []
+    part: list[str] = []
+    in_word = False
     quote = ""
     for char in command:
         if quote == "'":
-            quote = "" if char == "'" else quote
+            if char == "'":
+                quote = ""
+            else:
+                part.append(char)
         elif quote == '"':
             if char in _IN_DOUBLE_QUOTES_NOT:
                 return None
-            quote = "" if char == '"' else quote
+            if char == '"':
+                quote = ""
+            else:
+                part.append(char)
         elif char in "'\"":
-            quote = char
-        elif char not in _PLAIN and char not in " \t":
+            quote, in_word = char, True
+        elif char in " \t":
+            if in_word:
+                words.append("".join(part))
+                part, in_word = [], False
+        elif char in _PLAIN:
+            part.append(char)
+            in_word = True
+        else:
             return None
     if quote:
         return None  # unterminated: bash's error to give
-    words = shlex.split(command, posix=True)
+    if in_word:
+        words.append("".join(part))
     if not words or words[0] in _BASH_OWN or "=" in words[0] or words[0].startswith("%"):
         return None  # empty, bash's own, an assignment, a job spec
     return words

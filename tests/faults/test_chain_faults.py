@@ -29,8 +29,8 @@ from tests.farmkit import (  # noqa: F401
 
 pytestmark = pytest.mark.timeout(150)
 
-# Chains need room: a job is taken only if it ends 10 s before the visibility timeout.
-CHAINING = {"SANDFARM_VISIBILITY_TIMEOUT_S": "25", "SANDFARM_REAPER_INTERVAL_S": "1"}
+# Chains need room: a job is taken only if it ends 30 s before the visibility timeout.
+CHAINING = {"SANDFARM_VISIBILITY_TIMEOUT_S": "40", "SANDFARM_REAPER_INTERVAL_S": "1"}
 
 
 def chain_of(client, root_qid: str) -> dict[str, str]:
@@ -100,7 +100,7 @@ def test_whole_worker_killed_mid_chained_job_another_runs_it(make_farm) -> None:
             wait_for(lambda: (marks / "runs").exists(), 10, what="the job started")
             victim.kill_all()
             survivor = farm.start_worker("csurvivor", 1)
-            # the message comes back after the visibility timeout (25 s)
+            # the message comes back after the visibility timeout (40 s)
             results = collect_once(client, [first, second], 90, farm)
             assert results[second].status == Status.SUCCEEDED
             assert results[second].attempts == 2 and results[second].worker == survivor.name
@@ -108,6 +108,40 @@ def test_whole_worker_killed_mid_chained_job_another_runs_it(make_farm) -> None:
             assert client.status()["duplicates"] == 0
     finally:
         shutil.rmtree(marks, ignore_errors=True)
+
+
+def test_a_dead_chains_message_taken_by_another_chain_runs_its_job(make_farm) -> None:  # noqa: F811
+    """The dead worker's message comes back while a survivor's slot is chaining: the
+    survivor's chain step may pop it before any worker's own delivery does. The job the
+    dead chain was running must still run (review finding: it was dropped)."""
+    farm: Farm = make_farm(**CHAINING)
+    victim = farm.start_worker("dvictim", 1)
+    with farm.client() as client:
+        first, second = client.submit_many(
+            [
+                {"command": "true", "limits": {"timeout_s": 2}},
+                {"command": "sleep 3; echo done", "limits": {"timeout_s": 8}},
+            ]
+        )
+        root, held = client.jobs.qid(first), client.jobs.qid(second)
+        wait_for(lambda: running(client, second), 20, what="the chain's job running")
+        assert chain_of(client, root).get("q") == held  # it came by a chain
+        victim.kill_all()
+        farm.start_worker("dsurvivor", 1)
+        # keep the survivor chaining past the visibility timeout's restore
+        filler = client.submit_many(
+            [{"command": "sleep 0.15", "limits": {"timeout_s": 2}} for _ in range(400)]
+        )
+        result = client.result(second, timeout=90)
+        assert result is not None, farm.logs()
+        assert result.status == Status.SUCCEEDED and result.attempts == 2
+        assert result.steps[0].stdout == "done\n"
+        assert client.status()["duplicates"] == 0
+        assert chained(client) > 10 and len(filler) == 400
+
+
+def chained(client) -> int:
+    return int(client.redis.hget(client.keys.stats, "chained") or 0)
 
 
 def test_a_hard_time_limit_ends_the_chained_job_with_error(redis_url: str) -> None:

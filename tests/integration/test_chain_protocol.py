@@ -213,3 +213,65 @@ def test_no_chain_key_outlives_its_ttl_unbounded(farm) -> None:
     finish(scripts, root, root, "tok")
     ttl = client.redis.ttl(client.keys.chain(root))
     assert 0 < ttl <= 2 * client.settings.visibility_timeout + 3600
+
+
+def test_a_chain_that_pops_a_dead_chains_message_runs_that_chains_job(farm) -> None:
+    """A dead slot's message comes back into the queue (kombu's restore, a requeue) and
+    the next to pop it is another slot's chain step, not a worker's delivery: the job the
+    dead chain was running continues in that chain (review finding: it was dropped)."""
+    client, scripts = farm
+    client.submit_many([{"command": f"echo {i}"} for i in range(6)])
+    root_raw = client.redis.lindex(client.settings.queue, -1)
+    root, _ = deliver(client)
+    scripts.begin_attempt(root, RUNNING, 30, "dead")
+    _, running = finish(scripts, root, root, "dead")
+    assert running is not None  # the dead chain's job
+    other, _ = deliver(client)
+    scripts.begin_attempt(other, RUNNING, 30, "alive")
+    client.redis.rpush(client.settings.queue, root_raw)  # restored: the next pop
+    stored, taken = finish(scripts, other, other, "alive")
+    assert stored and taken is not None
+    assert taken.qid == running.qid and taken.attempts == 2  # run again, counted
+    assert root not in queued_ids(client)  # its message is done with
+    assert not client.redis.exists(client.keys.chain(root))
+    assert client.redis.hget(client.keys.chain(other), "q").decode() == running.qid
+    waiting = queued_ids(client)
+    # The dead chain, alive after all, stops at its step: it stores and takes nothing.
+    stored, nothing = finish(scripts, running.qid, root, "dead")
+    assert stored and nothing is None and queued_ids(client) == waiting
+    stored, following = finish(scripts, running.qid, other, "alive")
+    assert not stored and following is not None  # the duplicate; the chain goes on
+
+
+def test_a_redelivered_message_whose_result_expired_runs_its_chains_job(farm) -> None:
+    """The message's own result may be gone (a tenant's short result TTL) by the time it
+    comes back: the chain's record, not the result, says what to run (review finding:
+    the message's job ran twice and the chain's job was lost)."""
+    client, scripts = farm
+    client.submit_many([{"command": f"echo {i}"} for i in range(3)])
+    root, _ = deliver(client)
+    scripts.begin_attempt(root, RUNNING, 30, "old")
+    _, running = finish(scripts, root, root, "old")
+    assert running is not None
+    client.redis.delete(client.keys.result(root))  # expired
+    again = scripts.begin_attempt(root, RUNNING, 30, "new")
+    assert again is not None and again.qid == running.qid and again.attempts == 2
+    assert int(client.redis.get(client.keys.attempts(root))) == 1  # not run again
+
+
+def test_after_a_takeover_ends_the_old_chain_takes_nothing(farm) -> None:
+    """A chain taken over, still alive, must not start taking jobs again once the new
+    owner's chain has ended and its record is gone (review finding)."""
+    client, scripts = farm
+    client.submit_many([{"command": f"echo {i}"} for i in range(6)])
+    root, _ = deliver(client)
+    scripts.begin_attempt(root, RUNNING, 30, "old")
+    _, running = finish(scripts, root, root, "old")
+    assert running is not None
+    scripts.begin_attempt(root, RUNNING, 30, "new")  # the takeover
+    finish(scripts, running.qid, root, "new", want_next=False)  # the new chain ends
+    assert not client.redis.exists(client.keys.chain(root))
+    waiting = queued_ids(client)
+    stored, nothing = finish(scripts, running.qid, root, "old")
+    assert nothing is None and queued_ids(client) == waiting
+    assert not stored  # the new owner's result stands

@@ -90,3 +90,21 @@ def test_tilde_in_path_and_long_commands_keep_bash() -> None:
     assert direct_words("foo", {"PATH": "/usr/bin"}) == ["foo"]
     long_word = "A" * 200_000  # past Linux's 128 KiB per exec argument
     assert direct_words(f"/bin/echo {long_word}", {}) is None
+
+
+def test_its_split_is_shlexs_on_every_command_it_accepts() -> None:
+    """direct_words splits in the pass that checks the grammar; shlex (posix), which the
+    grammar was written against, must agree on every command it accepts."""
+    import random
+    import shlex
+
+    alphabet = "ab1._/:=%@- \t'\"$\\x"
+    rng = random.Random(7)
+    accepted = 0
+    for _ in range(20000):
+        command = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+        words = direct_words(command, {"PATH": "/usr/bin"})
+        if words is not None:
+            accepted += 1
+            assert words == shlex.split(command, posix=True), command
+    assert accepted > 1000  # the comparison ran on many accepted commands

@@ -11,13 +11,25 @@
 -- Returns {stored (1/0), next qid ('' for none), its message, attempts, cancelled,
 -- dispatch expiry}.
 local prefix, qid, queue = ARGV[5], ARGV[3], ARGV[12]
-local chain, token = prefix .. 'chain:' .. ARGV[22], ARGV[23]
+local root, token = ARGV[22], ARGV[23]
+local chain = prefix .. 'chain:' .. root
 local owner, current, held = unpack(redis.call('HMGET', chain, 'o', 'q', 'm'))
-if owner and owner ~= token then
-  -- a redelivery of the chain's message took it over (begin_attempt): stop here
+
+local function store_only()
   local stored = store(KEYS, ARGV)
   if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
   return {stored, '', '', 0, 0, ''}
+end
+
+if owner and owner ~= token then
+  -- a redelivery of the chain's message took it over (begin_attempt, or another chain
+  -- here): stop, storing only
+  return store_only()
+end
+if not owner and qid ~= root then
+  -- a job this chain took, whose record is gone: its chain was taken over and has ended
+  -- since; this one stops too (its message was acked by the new owner's delivery)
+  return store_only()
 end
 if current and current ~= qid and held then
   -- this chain's last step took `current` already and its answer was lost (a retry)
@@ -26,6 +38,19 @@ if current and current ~= qid and held then
 end
 local stored = store(KEYS, ARGV)
 if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
+
+-- Take ``job`` (its message ``raw``) as this chain's next; the caller has checked it fits.
+local function take(job, raw, timeout, now)
+  local a, c, d = begin_job(prefix, job, ARGV[26], timeout + tonumber(ARGV[27]), now,
+    ARGV[30], ARGV[21])
+  if a < 0 then return nil end
+  redis.call('HSET', chain, 'q', job, 'm', raw, 'o', token)
+  redis.call('EXPIRE', chain, ARGV[31])
+  redis.call('HINCRBY', prefix .. 'stats', 'chained', 1)
+  redis.call('EXPIRE', prefix .. 'stats', ARGV[21])
+  return {stored, job, raw, a, c, d}
+end
+
 if ARGV[24] == '1' then
   local now, room = now_s(), tonumber(ARGV[25])
   for _ = 1, 64 do
@@ -36,15 +61,25 @@ if ARGV[24] == '1' then
       redis.call('RPUSH', queue, raw)  -- back where it was, for a worker's own delivery
       break
     end
-    local a, c, d = begin_job(prefix, job, ARGV[26], timeout + tonumber(ARGV[27]), now,
-      ARGV[30], ARGV[21])
-    if a >= 0 then
-      redis.call('HSET', chain, 'q', job, 'm', raw, 'o', token)
-      redis.call('EXPIRE', chain, ARGV[31])
-      redis.call('HINCRBY', prefix .. 'stats', 'chained', 1)
-      return {stored, job, raw, a, c, d}
+    local taken = take(job, raw, timeout, now)
+    if taken then return taken end
+    -- Its job is final. A message that comes back may carry a chain whose slot died
+    -- running another job (begin_attempt's case): that job continues in this chain,
+    -- the message it came with is done; a job that does not fit waits for a worker's
+    -- own delivery of the message.
+    local other = prefix .. 'chain:' .. job
+    local dead, dead_raw = unpack(redis.call('HMGET', other, 'q', 'm'))
+    if dead and dead_raw then
+      local next_job, next_timeout = job_of(dead_raw, ARGV[29], tonumber(ARGV[28]))
+      if next_job ~= dead or next_timeout > room then
+        redis.call('RPUSH', queue, raw)
+        break
+      end
+      redis.call('DEL', other)
+      taken = take(dead, dead_raw, next_timeout, now)
+      if taken then return taken end
     end
-    -- final already (cancelled while it waited): consumed, as a worker's begin would
+    -- final, and no chain: consumed, as a worker's begin would
   end
 end
 redis.call('DEL', chain)
