@@ -7,7 +7,7 @@ import pytest
 from producer.batch import Summary
 from producer.batch.progress import tally
 from sandbox_core import SpecError, Status, parse_spec
-from sandbox_core.backends.base import job_status, status_message
+from sandbox_core.backends.outcome import job_status, status_message
 from sandbox_core.expected import mismatch
 from sandbox_core.models import StepResult, StepStatus
 

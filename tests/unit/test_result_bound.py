@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel
 
 from sandbox_core import JobResult, Status
-from sandbox_core.backends.base import bounded, json_upper_bound
+from sandbox_core.backends.outcome import bounded, json_upper_bound
 from sandbox_core.models import CollectedFile, StepResult, StepStatus
 
 WORST = '\x01\x02\x7f\u2028\U0001f600\\"' * 40  # escapes, multi-byte, quotes
