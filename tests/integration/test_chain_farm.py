@@ -137,13 +137,13 @@ def test_a_warm_shutdown_stops_a_chain_and_loses_no_job(make_farm) -> None:  # n
     with farm.client() as client:
         ids = client.submit_many([{"command": f"sleep 0.2; echo {i}"} for i in range(40)])
         wait_for(lambda: chained(client) >= 2, 30, 0.05, "a chain under way")
-        asked = time.monotonic()
+        done_when_asked = len(client.results(ids))
         worker.proc.send_signal(signal.SIGTERM)
-        worker.proc.wait(20)
-        # It stopped after its current job, not after the 40 jobs' 8 s of chain.
-        assert time.monotonic() - asked < 4
+        worker.proc.wait(30)
+        # It stopped after its current job (a step may have taken one more as the signal
+        # came), not after the rest of its chain: 5 s more of 0.2 s jobs would be ~20.
         finished = client.results(ids)
-        assert 0 < len(finished) < len(ids)
+        assert 0 < len(finished) <= done_when_asked + 2, (done_when_asked, len(finished))
         farm.start_worker("next", 1)
         results = collect_once(client, ids, 90, farm)
         for i, job_id in enumerate(ids):
