@@ -25,6 +25,7 @@ pytestmark = pytest.mark.timeout(900)  # a cold first run builds every image
 TIMINGS: dict[str, float] = {}
 BATCH = 20
 FAILING = {3, 7, 11, 15, 19}  # these jobs exit 3
+GATEWAY_COUNT = "sandfarm_gateway_request_seconds_count"
 
 
 def _docker_answers() -> bool:
@@ -150,11 +151,45 @@ def test_prometheus_scrapes_every_target_and_counts_the_batch(stack: Stack, batc
     except AssertionError:
         rows = _prometheus(stack, "/api/v1/query", query=query)["result"]
         raise AssertionError(f"{query}: {rows}, expected {expected}") from None
-    # and the gateways' own series: the batch's submissions by route and code
-    rows = _prometheus(stack, "/api/v1/query", query="sandfarm_gateway_request_seconds_count")[
-        "result"
-    ]
-    assert any(r["metric"].get("code") == "202" for r in rows), rows
+    # and the gateways' own series: the batch's submissions by route and code. Each
+    # target is scraped on its own 5 s clock, so the gateways' scrape that saw the
+    # submissions may come after the collector's: wait for it too.
+    gateway_query = GATEWAY_COUNT
+
+    def submitted() -> list | None:
+        rows = _gateway_rows(stack, gateway_query)
+        return rows if any(r["metric"].get("code") == "202" for r in rows) else None
+
+    try:
+        wait_for(submitted, 30, 1, "Prometheus has the gateways' 202s")
+    except AssertionError:
+        seen = [(r["metric"], r["value"]) for r in _gateway_rows(stack, gateway_query)]
+        raise AssertionError(
+            f"no code=202 in Prometheus' {gateway_query}: {seen}; "
+            f"the gateways themselves: {_gateways_counts(stack)}"
+        ) from None
+
+
+def _gateway_rows(stack: Stack, query: str) -> list:
+    return _prometheus(stack, "/api/v1/query", query=query)["result"]
+
+
+def _gateways_counts(stack: Stack) -> dict[str, object]:
+    """What each gateway counts itself, and how often it restarted: tells a scrape that
+    lags from a gateway that lost its counts."""
+    token = stack.env["SANDFARM_METRICS_TOKEN"]
+    found: dict[str, object] = {}
+    for n in (1, 2):
+        url = stack.url(f"SANDFARM_STACK_GATEWAY{n}_PORT") + "/metrics"
+        text = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10).text
+        counts = [ln for ln in text.splitlines() if ln.startswith(f"{GATEWAY_COUNT}{{")]
+        restarts = subprocess.run(
+            ["docker", "inspect", stack.container(f"gateway-{n}"), "--format", "{{.RestartCount}}"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        found[f"gateway-{n}"] = {"restarts": restarts, "counts": counts}
+    return found
 
 
 def test_stack_ports_are_published_on_loopback_only(stack: Stack) -> None:
