@@ -142,36 +142,35 @@ def test_prometheus_scrapes_every_target_and_counts_the_batch(stack: Stack, batc
     expected = {"succeeded": BATCH - len(FAILING), "failed": len(FAILING)}
 
     def counted() -> dict | None:
-        rows = _prometheus(stack, "/api/v1/query", query=query)["result"]
+        rows = _query(stack, query)
         got = {r["metric"]["status"]: int(float(r["value"][1])) for r in rows}
         return got if got == expected else None
 
     try:
         wait_for(counted, 30, 1, "Prometheus has the batch's counts")
     except AssertionError:
-        rows = _prometheus(stack, "/api/v1/query", query=query)["result"]
+        rows = _query(stack, query)
         raise AssertionError(f"{query}: {rows}, expected {expected}") from None
+
     # and the gateways' own series: the batch's submissions by route and code. Each
     # target is scraped on its own 5 s clock, so the gateways' scrape that saw the
     # submissions may come after the collector's: wait for it too.
-    gateway_query = GATEWAY_COUNT
-
     def submitted() -> list | None:
-        rows = _gateway_rows(stack, gateway_query)
+        rows = _query(stack, GATEWAY_COUNT)
         return rows if any(r["metric"].get("code") == "202" for r in rows) else None
 
     try:
         wait_for(submitted, 30, 1, "Prometheus has the gateways' 202s")
     except AssertionError:
-        seen = [(r["metric"], r["value"]) for r in _gateway_rows(stack, gateway_query)]
+        seen = [(r["metric"], r["value"]) for r in _query(stack, GATEWAY_COUNT)]
         raise AssertionError(
-            f"no code=202 in Prometheus' {gateway_query}: {seen}; "
+            f"no code=202 in Prometheus' {GATEWAY_COUNT}: {seen}; "
             f"the gateways themselves: {_gateways_counts(stack)}"
         ) from None
 
 
-def _gateway_rows(stack: Stack, query: str) -> list:
-    return _prometheus(stack, "/api/v1/query", query=query)["result"]
+def _query(stack: Stack, promql: str) -> list:
+    return _prometheus(stack, "/api/v1/query", query=promql)["result"]
 
 
 def _gateways_counts(stack: Stack) -> dict[str, object]:
