@@ -4,6 +4,8 @@ A worker's main process (Celery's consumer: BRPOP, hand-off, acks, events), its 
 processes (our task: the scripts, the backend's Python), what they reaped (the jobs and
 their sandbox helpers), the worker's reaper, Redis, and this process (the client). On a
 2-core host running 2 slots the farm is CPU-bound, so CPU per job is the throughput.
+The whole host's CPU (/proc/stat) adds what no process is charged for (the kernel's
+workers tearing down namespaces and cgroups, interrupts) and the time it sat idle.
 """
 
 from __future__ import annotations
@@ -73,3 +75,26 @@ def per_job(before: Snapshot, after: Snapshot, jobs: int) -> str:
     total = sum(v for _, v in items)
     text = " ".join(f"{name}={value:.2f}" for name, value in items)
     return f"cpu_per_job_ms: {text} total={total:.2f}"
+
+
+_HOST_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def host() -> Snapshot:
+    """The whole host's CPU ms so far, by /proc/stat's first line (all CPUs)."""
+    with open("/proc/stat") as stat:
+        ticks = stat.readline().split()[1 : 1 + len(_HOST_FIELDS)]
+    return {name: int(value) * _TICK_MS for name, value in zip(_HOST_FIELDS, ticks, strict=True)}
+
+
+def host_per_job(before: Snapshot, after: Snapshot, jobs: int) -> str:
+    """One line: the host's busy and idle CPU ms per job, and the busy share."""
+    spent = {name: (after[name] - before[name]) / jobs for name in after}
+    idle = spent["idle"] + spent["iowait"]
+    busy = sum(spent.values()) - idle
+    kernel = spent["system"] + spent["irq"] + spent["softirq"]
+    share = busy / (busy + idle) if busy + idle else 0.0
+    return (
+        f"host_cpu_per_job_ms: busy={busy:.2f} (user={spent['user'] + spent['nice']:.2f}"
+        f" kernel={kernel:.2f} steal={spent['steal']:.2f}) idle={idle:.2f} busy_share={share:.2f}"
+    )

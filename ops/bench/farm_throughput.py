@@ -32,8 +32,8 @@ from pathlib import Path
 
 import redis
 from breakdown import breakdown
+from cpusplit import host, host_per_job, snapshot, this_process
 from cpusplit import per_job as cpu_per_job
-from cpusplit import snapshot, this_process
 
 from producer.client import FarmClient
 from producer.protocol import Settings, get_settings
@@ -219,13 +219,15 @@ def main() -> None:
                 sandbox_s += sandbox_only(len(part), par)
         calls = redis_calls(client.redis)
         redis_pid = int(client.redis.info("server")["process_id"])
-        cpu_before = snapshot(worker.pid, redis_pid)
+        cpu_before, host_before = snapshot(worker.pid, redis_pid), host()
         through_farm(client, command[: min(500, n)])
         cpu_split = cpu_per_job(cpu_before, snapshot(worker.pid, redis_pid), min(500, n))
+        host_split = host_per_job(host_before, host(), min(500, n))
         per_job = (redis_calls(client.redis) - calls) / min(500, n)
-        bare_before = this_process()
+        bare_before, host_before = this_process(), host()
         bare(min(500, n), par)
         bare_cpu = cpu_per_job(bare_before, this_process(), min(500, n))
+        bare_host = host_per_job(host_before, host(), min(500, n))
         farm_rate, bare_rate = n / farm_s, n / bare_s
         print(f"farm.jobs_per_s={farm_rate:.1f}  ({farm_s:.2f} s for {n})")
         print(f"bare.jobs_per_s={bare_rate:.1f}  ({bare_s:.2f} s for {n})")
@@ -239,6 +241,8 @@ def main() -> None:
         print(f"redis.commands_per_job={per_job:.1f}  (client, worker, events; INFO commandstats)")
         print(f"farm.{cpu_split}")
         print(f"bare.{bare_cpu}  (jobs: the children the bench reaped)")
+        print(f"farm.{host_split}")
+        print(f"bare.{bare_host}  (the whole host: /proc/stat)")
         if args.code:
             code = [{"code": f"print({i})"} for i in range(n)]
             code_s = through_farm(client, code)
