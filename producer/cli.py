@@ -40,5 +40,7 @@ evaluate.register(main)
 report.register(main)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m producer.cli: the executable's start and end
+    from producer.entry import finish
+
+    finish(main)

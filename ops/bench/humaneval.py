@@ -12,9 +12,11 @@ eval adapter would) through ``sandfarm batch run`` and prints
 with the harness's (a plain job can be short-circuited; the eval adapter cannot).
 Last, the floor of any design that starts a fresh interpreter per sample: the same plain
 programs run bare (``python3 -I file``, no sandbox, no farm) by as many threads, printed
-as ``ratio.humaneval_fresh_bare=<bare wall / harness wall>``.
+as ``ratio.humaneval_fresh_bare=<bare wall / harness wall>``. The harness, the batch and
+bare run back to back in ``--rounds`` rounds (each batch under its own id prefix, so it
+runs every job afresh); the ratios are the medians of the rounds' own ratios.
 
-    .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2]
+    .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from breakdown import breakdown
@@ -95,14 +98,14 @@ def fresh_bare(plain: Path, parallel: int) -> float:
     return wall
 
 
-def agreeing(batch_out: Path, harness_results: Path) -> tuple[int, int]:
+def agreeing(batch_out: Path, harness_results: Path, prefix: str) -> tuple[int, int]:
     """(verdicts that agree, all): succeeded here means passed there."""
     theirs = {
         json.loads(line)["task_id"].replace("/", "-"): json.loads(line)["passed"]
         for line in harness_results.read_text().splitlines()
     }
     ours = {
-        r.id: r.status.value == "succeeded"
+        (r.id or "").removeprefix(prefix): r.status.value == "succeeded"
         for r in map(JobResult.model_validate, read_results(batch_out))
     }
     return sum(ours.get(tid) == passed for tid, passed in theirs.items()), len(theirs)
@@ -121,6 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="process")
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="harness/batch/bare alternations")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: the worker runs jobs in per-slot uids")
@@ -148,53 +152,78 @@ def main() -> None:
             ],
             full_env,
         )
-        harness_s, harness_out = timed(
-            [sys.executable, "-c", HARNESS, str(theirs), str(args.concurrency)], full_env
-        )
-        plain, plain_out = work / "plain.jsonl", work / "plain_results.jsonl"
+        plain = work / "plain.jsonl"
         plain_jobs(plain)
-        batch_s, _ = timed(
-            [
-                SANDFARM,
-                "batch",
-                "run",
-                str(plain),
-                "-o",
-                str(plain_out),
-                "--no-progress",
-                "--backend",
-                args.backend,
-            ],
-            full_env,
-        )
-        bare_s = fresh_bare(plain, args.concurrency)
+        rounds = [one_round(r, args, work, theirs, plain, full_env) for r in range(args.rounds)]
     finally:
         stop_worker(worker)
         import redis
 
         cleanup(redis.Redis.from_url(settings.redis_url), settings)
-    farm_k, harness_k = ast.literal_eval(farm_out), json.loads(harness_out)
+    farm_k = ast.literal_eval(farm_out)
     results = [JobResult.model_validate(r) for r in read_results(Path(f"{ours}_farm.jsonl"))]
-    agree, total = agreeing(plain_out, Path(f"{theirs}_results.jsonl"))
     shutil.rmtree(work, ignore_errors=True)
+    harness_k = rounds[0].harness_k
     print(f"farm.pass_at_k={farm_k}  harness.pass_at_k={harness_k}")
-    if farm_k != harness_k or farm_k.get("pass@1") != 1.0:
+    if any(r.harness_k != farm_k for r in rounds) or farm_k.get("pass@1") != 1.0:
         raise SystemExit("the farm and the harness disagree, or a canonical solution failed")
+    harness_s = statistics.median(r.harness_s for r in rounds)
     print(f"farm.wall_s={farm_s:.2f}  ({n / farm_s:.1f} samples/s)")
-    print(f"harness.wall_s={harness_s:.2f}  ({n / harness_s:.1f} samples/s)")
+    print(f"harness.wall_s={harness_s:.2f}  ({n / harness_s:.1f} samples/s, median)")
     run = statistics.median(r.timings.run_ms or 0 for r in results)
     per_sample = harness_s * 1000 * args.concurrency / n
     print(f"farm.median_job_run_ms={run:.1f}  harness.mean_sample_ms={per_sample:.1f}")
     print(breakdown(results, "eval_humaneval"))
     print(f"ratio.eval_humaneval={farm_s / harness_s:.3f}")
-    print(
-        f"batch.wall_s={batch_s:.2f}  ({n / batch_s:.1f} samples/s)  verdicts.agree={agree}/{total}"
-    )
-    print(f"ratio.humaneval={batch_s / harness_s:.3f}")
+    for r in rounds:
+        print(
+            f"round {r.index + 1}: harness {r.harness_s:.2f} s  batch {r.batch_s:.2f} s"
+            f"  fresh bare {r.bare_s:.2f} s  verdicts.agree={r.agree}/{r.total}"
+        )
+    batch_s = statistics.median(r.batch_s for r in rounds)
+    bare_s = statistics.median(r.bare_s for r in rounds)
+    print(f"batch.wall_s={batch_s:.2f}  ({n / batch_s:.1f} samples/s, median)")
+    # Each round's ratio pairs runs made seconds apart; their median rides out the
+    # machine's drift (this VM's speed moves by a third within minutes).
+    print(f"ratio.humaneval={statistics.median(r.batch_s / r.harness_s for r in rounds):.3f}")
     print(f"fresh_bare.wall_s={bare_s:.2f}  (the plain programs, python3 -I each, no sandbox)")
-    print(f"ratio.humaneval_fresh_bare={bare_s / harness_s:.3f}")
-    if agree != total:
+    fresh = statistics.median(r.bare_s / r.harness_s for r in rounds)
+    print(f"ratio.humaneval_fresh_bare={fresh:.3f}")
+    if any(r.agree != r.total for r in rounds):
         raise SystemExit("plain batch verdicts disagree with the harness's")
+
+
+@dataclass(frozen=True)
+class Round:
+    index: int
+    harness_s: float
+    harness_k: dict[str, float]
+    batch_s: float
+    bare_s: float
+    agree: int
+    total: int
+
+
+def one_round(
+    index: int,
+    args: argparse.Namespace,
+    work: Path,
+    samples: Path,
+    plain: Path,
+    env: dict[str, str],
+) -> Round:
+    """The harness, then the same samples as plain jobs through `sandfarm batch run`
+    (their own id prefix: each round runs every job afresh), then bare: back to back."""
+    harness_s, harness_out = timed(
+        [sys.executable, "-c", HARNESS, str(samples), str(args.concurrency)], env
+    )
+    out = work / f"plain_results_{index}.jsonl"
+    prefix = f"round{index}"
+    batch_argv = [SANDFARM, "batch", "run", str(plain), "-o", str(out), "--no-progress"]
+    batch_s, _ = timed([*batch_argv, "--backend", args.backend, "--id-prefix", prefix], env)
+    agree, total = agreeing(out, Path(f"{samples}_results.jsonl"), f"{prefix}:")
+    bare_s = fresh_bare(plain, args.concurrency)
+    return Round(index, harness_s, json.loads(harness_out), batch_s, bare_s, agree, total)
 
 
 if __name__ == "__main__":
