@@ -40,7 +40,5 @@ evaluate.register(main)
 report.register(main)
 
 
-if __name__ == "__main__":  # python -m producer.cli: the executable's start and end
-    from producer.entry import finish
-
-    finish(main)
+if __name__ == "__main__":  # Python's own exit: profilers and debuggers can wrap it
+    main()

@@ -11,9 +11,12 @@ ops/bench/RESULTS.md):
 - Interpreter teardown frees every module and object one by one (~0.1 s here) although
   the process is about to end. So once the command has returned, its atexit handlers
   run, stdout and stderr are flushed, and the process ends at once (os._exit). Where
-  that would lose something, Python's own exit is kept: a non-daemon thread still
-  running (Python waits for it), or a stream that cannot be flushed (a closed pipe:
-  Python reports it as it always has).
+  that would lose or change something, Python's own exit is kept: a non-daemon thread
+  still running (Python waits for it), a stream that cannot be flushed (a closed pipe:
+  Python reports it as it always has), an exit message or a code outside 0-255.
+
+Only the installed `sandfarm` script ends so: `python -m producer.cli` keeps Python's
+exit, for the profilers and debuggers that wrap it.
 """
 
 from __future__ import annotations
@@ -43,16 +46,14 @@ def main() -> NoReturn:
 def finish(command: click.Command) -> NoReturn:
     """Run ``command`` as a standalone click program, then end the process."""
     try:
-        command.main(prog_name="sandfarm")
+        command.main()
     except SystemExit as exc:
-        code = exc.code
+        code = 0 if exc.code is None else exc.code
     else:  # standalone click always exits; a command that returns means success
         code = 0
-    if not isinstance(code, int):  # sys.exit("message"): Python prints it, exit 1
-        if code is not None:
-            print(code, file=sys.stderr)
-        code = 0 if code is None else 1
-    if _others_running():
+    # Python's exit where ours could differ: a message to print (sys.exit("text")), a
+    # code the OS would truncate, a thread Python would wait for.
+    if not isinstance(code, int) or not 0 <= code <= 255 or _others_running():
         sys.exit(code)
     atexit._run_exitfuncs()  # what Python's exit would run: logging's flush, temp dirs
     try:

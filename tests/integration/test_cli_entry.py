@@ -47,6 +47,8 @@ def test_the_console_script_is_the_quick_entry():
         ("def c():\n    sys.exit('went wrong')\n", 1, "went wrong"),
         ("def c():\n    raise click.UsageError('bad --flag')\n", 2, "bad --flag"),
         ("def c():\n    raise RuntimeError('a bug')\n", 1, "RuntimeError: a bug"),
+        ("def c():\n    sys.exit(-1)\n", 255, ""),
+        ("def c():\n    sys.exit(2**31)\n", 0, ""),  # as the OS truncates it, no traceback
     ],
 )
 def test_exit_codes_and_messages_are_pythons(body: str, code: int, stderr: str):
@@ -103,6 +105,22 @@ def test_a_closed_pipe_ends_as_without_the_quick_exit():
         ends.append((proc.wait(timeout=60), proc.stderr.read()))
     assert ends[0] == ends[1]
     assert ends[0][0] != 0  # the output was lost, and the exit code says so
+
+
+def test_usage_names_the_program_as_invoked(tmp_path: Path):
+    alias = tmp_path / "sf"
+    alias.symlink_to(Path(sys.executable).parent / "sandfarm")
+    proc = subprocess.run([str(alias), "nosuch"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Usage: sf " in proc.stderr
+
+
+def test_python_m_keeps_pythons_exit_for_profilers(tmp_path: Path):
+    stats = tmp_path / "cli.prof"
+    argv = [sys.executable, "-m", "cProfile", "-o", str(stats), "-m", "producer.cli", "--version"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert stats.stat().st_size > 0  # the profiler got to write its results
 
 
 def test_no_other_thread_means_quick_exit():
