@@ -153,10 +153,18 @@ def pinned_network_namespace() -> int:
     job's uid has no CAP_NET_ADMIN there, so it cannot leave routes or rules behind).
     """
     read_end, write_end = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
-            os.close(read_end)
+            # Dies with its parent and holds none of its files: a parent killed between
+            # this fork and the kill below would leave it paused for ever, holding the
+            # parent's slot locks (the slot never free again).
+            die_with_parent()
+            if os.getppid() != parent:
+                os._exit(0)
+            os.closerange(3, write_end)
+            os.closerange(write_end + 1, os.sysconf("SC_OPEN_MAX"))
             unshare(CLONE_NEWNET)
             loopback_up()
             os.write(write_end, b"1")

@@ -74,7 +74,8 @@ def test_pool_process_killed_mid_chained_job_runs_it_again(make_farm) -> None:  
             os.kill(info["pid"], signal.SIGKILL)
             result = client.result(second, timeout=40)
             assert result is not None, farm.logs()
-            assert result.status == Status.SUCCEEDED and result.steps[0].stdout == "done\n"
+            assert result.status == Status.SUCCEEDED, (result.message, farm.logs())
+            assert result.steps[0].stdout == "done\n"
             assert result.attempts == 2
             # the chain's message is requeued at once (task_reject_on_worker_lost)
             assert time.monotonic() - killed_at < 10
