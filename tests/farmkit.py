@@ -9,6 +9,7 @@ process group, stopped (and their reapers with them) by the fixture that started
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -34,6 +35,7 @@ from sandbox_core import defaults as d
 
 SANDFARM = str(Path(sys.executable).parent / "sandfarm")
 LOCK_DIR = Path(tempfile.gettempdir())
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
 def with_db(url: str, db: int) -> str:
@@ -103,6 +105,14 @@ def collect_once(client: FarmClient, ids: list[str], timeout: float, farm: Farm 
         results[result.id] = result
     assert set(results) == set(ids), farm.logs() if farm else sorted(set(ids) - set(results))
     return results
+
+
+def not_a_subreaper() -> None:
+    """Make this test process a worker's parent as a shell or init is in production: an
+    in-process local backend made it a child subreaper, and a killed worker's orphans
+    would then come here as zombies no one reaps (a slot's processes never "gone", its
+    cgroup never empty); without the flag they go to init, which reaps them."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def wait_for(predicate, timeout: float, every: float = 0.05, what: str = "condition"):
@@ -220,6 +230,7 @@ class Farm:
         """A `sandfarm worker`; ``launcher`` runs it (``ip netns exec NS``: on a host)."""
         node = f"{name}-{self.tag}"
         log = self.tmp / f"{node}.log"
+        not_a_subreaper()
         full_env = {**os.environ, **self.env, **env, "PYTHONUNBUFFERED": "1"}
         argv = [SANDFARM, "worker", "-c", str(concurrency), "-n", node, "-l", "info"]
         with open(log, "wb") as out:
