@@ -16,10 +16,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> None:
+def become_subreaper(enabled: bool = True) -> None:
     """Orphans of our jobs become our children, so we reap them at once; left to pid 1
-    (slow or absent in containers) their zombies count against the slot's process caps."""
-    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    (slow or absent in containers) their zombies count against the slot's process caps.
+    ``enabled=False`` gives them back to pid 1 (a process that will not reap them)."""
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0)
 
 
 def reap_zombies_of(uid: int, limit: int = 100_000) -> int:

@@ -9,7 +9,6 @@ process group, stopped (and their reapers with them) by the fixture that started
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -32,10 +31,10 @@ import redis
 from producer.client import FarmClient
 from producer.protocol import Settings
 from sandbox_core import defaults as d
+from sandbox_core.sweep import become_subreaper
 
 SANDFARM = str(Path(sys.executable).parent / "sandfarm")
 LOCK_DIR = Path(tempfile.gettempdir())
-PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
 def with_db(url: str, db: int) -> str:
@@ -112,7 +111,7 @@ def not_a_subreaper() -> None:
     in-process local backend made it a child subreaper, and a killed worker's orphans
     would then come here as zombies no one reaps (a slot's processes never "gone", its
     cgroup never empty); without the flag they go to init, which reaps them."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    become_subreaper(enabled=False)
 
 
 def wait_for(predicate, timeout: float, every: float = 0.05, what: str = "condition"):
