@@ -211,8 +211,10 @@ class FarmScripts:
         ttl: int | None = None,
         count_duplicate: bool = True,
     ) -> bool:
-        """First stored result wins; returns False (counted as a duplicate) otherwise. A
-        stored result of a tenant's job counts its usage and dispatches the next job."""
+        """First stored result wins; returns False (counted as a duplicate) otherwise, but
+        True when this same call stored it already (its answer lost, the client's retry
+        sent it again). A stored result of a tenant's job counts its usage and dispatches
+        the next job."""
         store_keys, args = self._store_call(result, notify, qid, tenant, ttl, count_duplicate)
         return bool(self._store(keys=store_keys, args=args))
 

@@ -3,7 +3,8 @@ test as the worker: a slot that stores a result takes the message a worker's BRP
 take next; a retried step takes nothing twice; a redelivered message runs its chain's
 job again and takes the chain over, so the old chain stops; a job that does not fit the
 chain's time, or a message not ours, stays where it was; a job cancelled while queued is
-consumed. Workers, events and faults are in test_chain_farm.py."""
+consumed; a store sent again after its answer was lost is no duplicate. Workers, events
+and faults are in test_chain_farm.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from producer.client import FarmClient
 from producer.protocol import Heartbeat, RunningRecord, Settings
 from producer.protocol.messages import task_message
-from producer.protocol.scripts import ChainStep, Claimed, FarmScripts
+from producer.protocol.scripts import ChainStep, Claimed, FarmScripts, utc_day
 from sandbox_core import JobResult, Status
 from tests.farmkit import private_db
 
@@ -275,3 +276,44 @@ def test_after_a_takeover_ends_the_old_chain_takes_nothing(farm) -> None:
     stored, nothing = finish(scripts, running.qid, root, "old")
     assert nothing is None and queued_ids(client) == waiting
     assert not stored  # the new owner's result stands
+
+
+def one_begun_job(client: FarmClient, scripts: FarmScripts) -> tuple[str, str, JobResult]:
+    """A job submitted, delivered and begun (token "tok"): (qid, tenant, its result)."""
+    client.submit_many([{"command": "echo 0"}])
+    qid, _ = deliver(client)
+    scripts.begin_attempt(qid, RUNNING, 30, "tok")
+    return qid, qid.split("/")[0], done(qid)
+
+
+def test_a_store_sent_again_after_its_answer_was_lost_is_no_duplicate(farm) -> None:
+    client, scripts = farm
+    qid, tenant, result = one_begun_job(client, scripts)
+    assert scripts.store_result(result, None, qid, tenant)
+    stored = client.redis.get(client.keys.result(qid))
+    # what the retry must see through: the stored copy's store_ms is filled in
+    assert b'"store_ms":null' not in stored and b'"store_ms":' in stored
+    usage = client.keys.usage(tenant, utc_day())
+    assert client.redis.hget(usage, "jobs") == b"1"
+
+    # The same call again, as redis-py's retry sends it: stored, by this very call.
+    assert scripts.store_result(result, None, qid, tenant)
+    assert client.redis.get(client.keys.duplicates) is None
+    assert client.redis.get(client.keys.result(qid)) == stored
+    assert client.redis.hget(usage, "jobs") == b"1"  # counted once
+
+    # Another run's result (a redelivery's): the duplicate, refused and counted.
+    assert not scripts.store_result(done(qid), None, qid, tenant)
+    assert int(client.redis.get(client.keys.duplicates)) == 1
+    assert client.redis.get(client.keys.result(qid)) == stored
+
+
+def test_a_chain_step_sent_again_after_the_chain_ended_is_no_duplicate(farm) -> None:
+    client, scripts = farm
+    root, tenant, result = one_begun_job(client, scripts)
+    step = ChainStep(root, "tok", running=RUNNING, want_next=False, room_s=600.0)
+    assert scripts.finish_job(result, None, root, tenant, None, step) == (True, None)
+    assert not client.redis.exists(client.keys.chain(root))
+    # sent again (its answer lost): stored already, nothing counted, nothing taken
+    assert scripts.finish_job(result, None, root, tenant, None, step) == (True, None)
+    assert client.redis.get(client.keys.duplicates) is None

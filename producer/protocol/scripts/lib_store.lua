@@ -9,9 +9,11 @@
 -- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown), 16 backend
 -- label, 17 run-time bucket ('' if it did not run), 18 run s, 19 queue-wait bucket ('' if
 -- unknown), 20 wait s, 21 stats ttl (s).
--- Returns 1 when stored, 0 for a duplicate. The result's phases.store_ms (null when
--- sent) becomes the time from finished to stored, by this host's clock: JSON strings
--- escape their quotes, so the first '"store_ms":null' is that field.
+-- Returns 1 when stored, 0 for a duplicate, 2 when this same call stored it already (its
+-- answer was lost and the client sent it again: nothing more is done or counted). The
+-- result's phases.store_ms (null when sent) becomes the time from finished to stored, by
+-- this host's clock: JSON strings escape their quotes, so the first '"store_ms":null' is
+-- that field.
 local function store(K, A)
   local qid, prefix, tenant = A[3], A[5], A[6]
   local payload = A[1]
@@ -56,6 +58,13 @@ local function store(K, A)
     end
     return 1
   end
+  -- the stored result is this one (store_ms set back to null): the same call, retried;
+  -- another run's result always differs (its finished_at, its run's figures)
+  local existing = redis.call('GET', K[1])
+  if existing and A[15] ~= '' then
+    existing = string.gsub(existing, '"store_ms":[-0-9.e+]+', '"store_ms":null', 1)
+  end
+  if existing == A[1] then return 2 end
   redis.call('INCR', K[3])
   redis.call('EXPIRE', K[3], A[2])
   redis.call('ZREM', K[4], qid)
