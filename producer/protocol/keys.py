@@ -20,6 +20,9 @@ class Keys:
     def result(self, job_id: str) -> str:  # the bounded JobResult JSON, TTL, SET NX
         return f"{self.prefix}result:{job_id}"
 
+    def stored_by(self, job_id: str) -> str:  # the token of the call that stored it, TTL
+        return f"{self.prefix}stored:{job_id}"
+
     def attempts(self, job_id: str) -> str:  # deliveries so far, TTL
         return f"{self.prefix}attempts:{job_id}"
 

@@ -8,6 +8,7 @@ top of its file and built only here. Scripts that dispatch start with the shared
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -175,6 +176,7 @@ class FarmScripts:
             keys.in_flight,
             keys.running(qid),
             keys.stats,
+            keys.stored_by(qid),
         ]
         args: list[Any] = [
             payload,
@@ -216,7 +218,8 @@ class FarmScripts:
         sent it again). A stored result of a tenant's job counts its usage and dispatches
         the next job."""
         store_keys, args = self._store_call(result, notify, qid, tenant, ttl, count_duplicate)
-        return bool(self._store(keys=store_keys, args=args))
+        # the token tells a retry of this call (its answer lost) from another run's result
+        return bool(self._store(keys=store_keys, args=[*args, uuid.uuid4().hex]))
 
     def begin_attempt(
         self, qid: str, running: RunningRecord, timeout_s: float, token: str
@@ -273,6 +276,7 @@ class FarmScripts:
             self._chain_ttl(),
             topic,
             events,
+            uuid.uuid4().hex,  # this call's own: its retry finds its result (lib_store)
         ]
         stored, job, message, attempts, cancelled, expiry = self._finish(keys=store_keys, args=args)
         if not job:

@@ -137,7 +137,13 @@ class TenantStore:
             pipe = self.redis.pipeline(transaction=False)
             for qid in qids:
                 keys = self.keys
-                pipe.delete(keys.result(qid), keys.job(qid), keys.message(qid), keys.attempts(qid))
+                pipe.delete(
+                    keys.result(qid),
+                    keys.stored_by(qid),
+                    keys.job(qid),
+                    keys.message(qid),
+                    keys.attempts(qid),
+                )
             pipe.zrem(listing, *qids)
             pipe.execute()
         self.redis.delete(listing, self.keys.bucket(name))

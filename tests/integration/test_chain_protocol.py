@@ -17,10 +17,12 @@ import pytest
 
 from producer.client import FarmClient
 from producer.protocol import Heartbeat, RunningRecord, Settings
+from producer.protocol.connection import connect
 from producer.protocol.messages import task_message
 from producer.protocol.scripts import ChainStep, Claimed, FarmScripts, utc_day
 from sandbox_core import JobResult, Status
 from tests.farmkit import private_db
+from tests.lostreply import lost_reply
 
 RUNNING = RunningRecord(worker="test@host", pid=1, slot=0)
 
@@ -286,34 +288,64 @@ def one_begun_job(client: FarmClient, scripts: FarmScripts) -> tuple[str, str, J
     return qid, qid.split("/")[0], done(qid)
 
 
-def test_a_store_sent_again_after_its_answer_was_lost_is_no_duplicate(farm) -> None:
+def jobs_counted(client: FarmClient) -> int:
+    """Final results the farm's counters hold (every ``jobs|tenant|backend|status``)."""
+    stats = client.redis.hgetall(client.keys.stats)
+    return sum(int(v) for k, v in stats.items() if k.startswith(b"jobs|"))
+
+
+def test_a_store_whose_answer_was_lost_is_retried_and_no_duplicate(farm) -> None:
     client, scripts = farm
     qid, tenant, result = one_begun_job(client, scripts)
-    assert scripts.store_result(result, None, qid, tenant)
+    notify = client.keys.done("me")
+    with lost_reply(client.settings.redis_url) as proxy:
+        via_proxy = connect(proxy.url)  # the farm's own client: it retries a lost answer
+        proxy.arm()
+        assert FarmScripts(via_proxy, client.settings).store_result(result, notify, qid, tenant)
+        via_proxy.close()
+    # the attack ran: Redis stored it, its answer was lost, the same call came again
+    assert proxy.dropped == 1 and proxy.forwarded == 2
     stored = client.redis.get(client.keys.result(qid))
-    # what the retry must see through: the stored copy's store_ms is filled in
-    assert b'"store_ms":null' not in stored and b'"store_ms":' in stored
-    usage = client.keys.usage(tenant, utc_day())
-    assert client.redis.hget(usage, "jobs") == b"1"
-
-    # The same call again, as redis-py's retry sends it: stored, by this very call.
-    assert scripts.store_result(result, None, qid, tenant)
+    assert stored is not None and JobResult.model_validate_json(stored).id == result.id
+    # ... and it is one stored result: nothing counted, announced or charged twice
     assert client.redis.get(client.keys.duplicates) is None
-    assert client.redis.get(client.keys.result(qid)) == stored
-    assert client.redis.hget(usage, "jobs") == b"1"  # counted once
+    assert client.redis.lrange(notify, 0, -1) == [qid.encode()]
+    assert jobs_counted(client) == 1
+    assert client.redis.hget(client.keys.usage(tenant, utc_day()), "jobs") == b"1"
 
-    # Another run's result (a redelivery's): the duplicate, refused and counted.
-    assert not scripts.store_result(done(qid), None, qid, tenant)
+    # Another run's result (a redelivery's) is the duplicate: refused and counted.
+    assert not scripts.store_result(done(qid), notify, qid, tenant)
     assert int(client.redis.get(client.keys.duplicates)) == 1
     assert client.redis.get(client.keys.result(qid)) == stored
+    assert client.redis.lrange(notify, 0, -1) == [qid.encode()] and jobs_counted(client) == 1
 
 
-def test_a_chain_step_sent_again_after_the_chain_ended_is_no_duplicate(farm) -> None:
+def test_a_chain_step_whose_answer_was_lost_publishes_its_events_once(farm) -> None:
     client, scripts = farm
-    root, tenant, result = one_begun_job(client, scripts)
-    step = ChainStep(root, "tok", running=RUNNING, want_next=False, room_s=600.0)
-    assert scripts.finish_job(result, None, root, tenant, None, step) == (True, None)
-    assert not client.redis.exists(client.keys.chain(root))
-    # sent again (its answer lost): stored already, nothing counted, nothing taken
-    assert scripts.finish_job(result, None, root, tenant, None, step) == (True, None)
+    root, tenant, _ = one_begun_job(client, scripts)
+    client.submit_many([{"command": "echo 1"}])
+    _, taken = finish(scripts, root, root, "tok")
+    assert taken is not None  # the chain's second job, whose events the chain publishes
+    channel = f"events-{uuid.uuid4().hex[:6]}"
+    listener = client.redis.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(channel)
+    step = ChainStep(root, "tok", False, 600.0, RUNNING, (channel, "task-succeeded"))
+    with lost_reply(client.settings.redis_url) as proxy:
+        via_proxy = connect(proxy.url)
+        proxy.arm()
+        answer = FarmScripts(via_proxy, client.settings).finish_job(
+            done(taken.qid), None, taken.qid, tenant, None, step
+        )
+        via_proxy.close()
+    assert proxy.dropped == 1 and proxy.forwarded == 2
+    assert answer == (True, None)
+    assert not client.redis.exists(client.keys.chain(root))  # the chain ended, once
+    published = []
+    deadline = time.monotonic() + 1.0  # get_message gives None for the subscribe reply too
+    while time.monotonic() < deadline:
+        if (message := listener.get_message(timeout=0.1)) is not None:
+            published.append(message["data"])
+    listener.close()
+    assert published == [b"task-succeeded"]
     assert client.redis.get(client.keys.duplicates) is None
+    assert jobs_counted(client) == 2  # the root's result and this one

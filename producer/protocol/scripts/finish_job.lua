@@ -7,16 +7,17 @@
 -- ARGV 22 the chain's qid (its message's), 23 this delivery's token, 24 '1' to take a
 -- next job, 25 the longest job (s) that may still start, 26 running JSON, 27 running
 -- margin (s), 28 hard limit margin (s), 29 task name, 30 result ttl (s), 31 chain ttl
--- (s), 32 event channel ('' for none), 33 the job's task events (published once stored).
--- Returns {stored (1/0), next qid ('' for none), its message, attempts, cancelled,
--- dispatch expiry}.
+-- (s), 32 event channel ('' for none), 33 the job's task events (published once stored),
+-- 34 this call's token (lib_store: a retried call finds its own result).
+-- Returns {stored (1, 0 for a duplicate, 2: this call stored it before its answer was
+-- lost), next qid ('' for none), its message, attempts, cancelled, dispatch expiry}.
 local prefix, qid, queue = ARGV[5], ARGV[3], ARGV[12]
 local root, token = ARGV[22], ARGV[23]
 local chain = prefix .. 'chain:' .. root
 local owner, current, held = unpack(redis.call('HMGET', chain, 'o', 'q', 'm'))
 
 local function store_only()
-  local stored = store(KEYS, ARGV)
+  local stored = store(KEYS, ARGV, ARGV[34])
   if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
   return {stored, '', '', 0, 0, ''}
 end
@@ -34,9 +35,10 @@ end
 if current and current ~= qid and held then
   -- this chain's last step took `current` already and its answer was lost (a retry)
   local attempts = redis.call('GET', prefix .. 'attempts:' .. current) or '1'
-  return {1, current, held, tonumber(attempts), redis.call('EXISTS', prefix .. 'cancel:' .. current), ''}
+  local stored = redis.call('GET', KEYS[7]) == ARGV[34] and 2 or 0
+  return {stored, current, held, tonumber(attempts), redis.call('EXISTS', prefix .. 'cancel:' .. current), ''}
 end
-local stored = store(KEYS, ARGV)
+local stored = store(KEYS, ARGV, ARGV[34])
 if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
 
 -- Take ``job`` (its message ``raw``) as this chain's next; the caller has checked it fits.

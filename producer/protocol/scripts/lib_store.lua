@@ -1,20 +1,20 @@
 -- store(K, A): store a job's final result once, announce it on the submitting client's
 -- list, count the tenant's usage, free its dispatch slot and dispatch the next job, in
 -- one step (after lib_dispatch). The first stored result wins; a second one (a
--- redelivered job) is only counted.
+-- redelivered job) is only counted, unless it is the same call sent again: the client
+-- lost its answer and its retry resent it, with the same token.
 -- K (keys): result, done list ('' for none), duplicates counter, in-flight zset, running
--- flag, stats hash (protocol/stats.py)
+-- flag, stats hash (protocol/stats.py), stored-by (the token of the storing call)
 -- A (args): 1 result JSON, 2 ttl (s), 3 qid, 4 done-list cap, 5 prefix, 6 tenant ('' for
 -- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes, 12 Celery queue,
 -- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown), 16 backend
 -- label, 17 run-time bucket ('' if it did not run), 18 run s, 19 queue-wait bucket ('' if
--- unknown), 20 wait s, 21 stats ttl (s).
--- Returns 1 when stored, 0 for a duplicate, 2 when this same call stored it already (its
--- answer was lost and the client sent it again: nothing more is done or counted). The
--- result's phases.store_ms (null when sent) becomes the time from finished to stored, by
--- this host's clock: JSON strings escape their quotes, so the first '"store_ms":null' is
--- that field.
-local function store(K, A)
+-- unknown), 20 wait s, 21 stats ttl (s); token: this call's own (random).
+-- Returns 1 when stored, 0 for a duplicate, 2 when this same call stored it already (the
+-- first send's answer was lost: nothing is done or counted again). The result's phases.store_ms (null when
+-- sent) becomes the time from finished to stored, by this host's clock: JSON strings
+-- escape their quotes, so the first '"store_ms":null' is that field.
+local function store(K, A, token)
   local qid, prefix, tenant = A[3], A[5], A[6]
   local payload = A[1]
   if A[15] ~= '' then
@@ -23,6 +23,7 @@ local function store(K, A)
     payload = string.gsub(payload, '"store_ms":null', string.format('"store_ms":%.3f', ms), 1)
   end
   if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
+    redis.call('SET', K[7], token, 'EX', A[2])
     if K[2] ~= '' then
       redis.call('RPUSH', K[2], qid)
       redis.call('LTRIM', K[2], -tonumber(A[4]), -1)
@@ -58,13 +59,7 @@ local function store(K, A)
     end
     return 1
   end
-  -- the stored result is this one (store_ms set back to null): the same call, retried;
-  -- another run's result always differs (its finished_at, its run's figures)
-  local existing = redis.call('GET', K[1])
-  if existing and A[15] ~= '' then
-    existing = string.gsub(existing, '"store_ms":[-0-9.e+]+', '"store_ms":null', 1)
-  end
-  if existing == A[1] then return 2 end
+  if redis.call('GET', K[7]) == token then return 2 end
   redis.call('INCR', K[3])
   redis.call('EXPIRE', K[3], A[2])
   redis.call('ZREM', K[4], qid)

@@ -1,2 +1,3 @@
--- Store a job's final result (lib_store.lua's store, with its KEYS and ARGV).
-return store(KEYS, ARGV)
+-- Store a job's final result (lib_store.lua's store, with its KEYS and ARGV 1-21; ARGV 22
+-- this call's token).
+return store(KEYS, ARGV, ARGV[22])
