@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from producer.protocol.connection import RETRIES, RETRY_CAP_S, SOCKET_TIMEOUT_S
 from sandbox_core import defaults as d
 
 # The longest job the farm accepts (its wall clock, all steps together).
@@ -26,6 +27,11 @@ CHAIN_SLACK_S = 30.0
 # The worker-wide hard limit: above the longest job, below the visibility timeout.
 WORKER_HARD_LIMIT_S = LONGEST_JOB_S + VISIBILITY_MARGIN_S / 2
 WORKER_SOFT_LIMIT_S = WORKER_HARD_LIMIT_S - 30.0
+
+# A store's token (lib_store.lua) lives as long as its client may still send the store
+# again: every try of the patient retry policy, each waiting out an answer that never
+# comes, then the backoff's cap. Later, a lost answer's retry counts as a duplicate.
+STORE_TOKEN_TTL_S = int(RETRIES * (SOCKET_TIMEOUT_S + RETRY_CAP_S)) + 60
 
 # A job's running flag outlives its deadline by this much (slot wait, setup, storing), so
 # a killed pool process leaves no flag that claims a running job for long.

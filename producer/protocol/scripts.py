@@ -8,7 +8,7 @@ top of its file and built only here. Scripts that dispatch start with the shared
 from __future__ import annotations
 
 import json
-import uuid
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -39,6 +39,13 @@ def source(name: str) -> str:
     files = resources.files("producer.protocol").joinpath("scripts")
     parts = [files.joinpath(f"{lib}.lua").read_text() for lib in _LIBRARIES.get(name, ())]
     return "\n".join([*parts, files.joinpath(f"{name}.lua").read_text()])
+
+
+def _store_token() -> tuple[str, int]:
+    """A store call's own token and its TTL: redis-py's retry sends the same call again,
+    so a retry whose first answer was lost finds its own result (lib_store.lua), while
+    another run's result, with another token, is a duplicate."""
+    return os.urandom(8).hex(), margins.STORE_TOKEN_TTL_S
 
 
 def utc_day(now: datetime | None = None) -> str:
@@ -218,8 +225,7 @@ class FarmScripts:
         sent it again). A stored result of a tenant's job counts its usage and dispatches
         the next job."""
         store_keys, args = self._store_call(result, notify, qid, tenant, ttl, count_duplicate)
-        # the token tells a retry of this call (its answer lost) from another run's result
-        return bool(self._store(keys=store_keys, args=[*args, uuid.uuid4().hex]))
+        return bool(self._store(keys=store_keys, args=[*args, *_store_token()]))
 
     def begin_attempt(
         self, qid: str, running: RunningRecord, timeout_s: float, token: str
@@ -276,7 +282,7 @@ class FarmScripts:
             self._chain_ttl(),
             topic,
             events,
-            uuid.uuid4().hex,  # this call's own: its retry finds its result (lib_store)
+            *_store_token(),
         ]
         stored, job, message, attempts, cancelled, expiry = self._finish(keys=store_keys, args=args)
         if not job:

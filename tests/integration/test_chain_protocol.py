@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import pytest
 
 from producer.client import FarmClient
-from producer.protocol import Heartbeat, RunningRecord, Settings
+from producer.protocol import Heartbeat, RunningRecord, Settings, margins
 from producer.protocol.connection import connect
 from producer.protocol.messages import task_message
 from producer.protocol.scripts import ChainStep, Claimed, FarmScripts, utc_day
@@ -312,6 +312,8 @@ def test_a_store_whose_answer_was_lost_is_retried_and_no_duplicate(farm) -> None
     assert client.redis.lrange(notify, 0, -1) == [qid.encode()]
     assert jobs_counted(client) == 1
     assert client.redis.hget(client.keys.usage(tenant, utc_day()), "jobs") == b"1"
+    # the token lives while a retry may come, not as long as the result
+    assert 0 < client.redis.ttl(client.keys.stored_by(qid)) <= margins.STORE_TOKEN_TTL_S
 
     # Another run's result (a redelivery's) is the duplicate: refused and counted.
     assert not scripts.store_result(done(qid), notify, qid, tenant)

@@ -8,7 +8,7 @@
 -- next job, 25 the longest job (s) that may still start, 26 running JSON, 27 running
 -- margin (s), 28 hard limit margin (s), 29 task name, 30 result ttl (s), 31 chain ttl
 -- (s), 32 event channel ('' for none), 33 the job's task events (published once stored),
--- 34 this call's token (lib_store: a retried call finds its own result).
+-- 34 this call's token (lib_store: a retried call finds its own result), 35 its ttl (s).
 -- Returns {stored (1, 0 for a duplicate, 2: this call stored it before its answer was
 -- lost), next qid ('' for none), its message, attempts, cancelled, dispatch expiry}.
 local prefix, qid, queue = ARGV[5], ARGV[3], ARGV[12]
@@ -17,7 +17,7 @@ local chain = prefix .. 'chain:' .. root
 local owner, current, held = unpack(redis.call('HMGET', chain, 'o', 'q', 'm'))
 
 local function store_only()
-  local stored = store(KEYS, ARGV, ARGV[34])
+  local stored = store(KEYS, ARGV, ARGV[34], ARGV[35])
   if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
   return {stored, '', '', 0, 0, ''}
 end
@@ -38,7 +38,7 @@ if current and current ~= qid and held then
   local stored = redis.call('GET', KEYS[7]) == ARGV[34] and 2 or 0
   return {stored, current, held, tonumber(attempts), redis.call('EXISTS', prefix .. 'cancel:' .. current), ''}
 end
-local stored = store(KEYS, ARGV, ARGV[34])
+local stored = store(KEYS, ARGV, ARGV[34], ARGV[35])
 if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
 
 -- Take ``job`` (its message ``raw``) as this chain's next; the caller has checked it fits.

@@ -9,12 +9,13 @@
 -- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes, 12 Celery queue,
 -- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown), 16 backend
 -- label, 17 run-time bucket ('' if it did not run), 18 run s, 19 queue-wait bucket ('' if
--- unknown), 20 wait s, 21 stats ttl (s); token: this call's own (random).
+-- unknown), 20 wait s, 21 stats ttl (s); token: this call's own (random), kept token_ttl
+-- (s): as long as the client may send this call again.
 -- Returns 1 when stored, 0 for a duplicate, 2 when this same call stored it already (the
 -- first send's answer was lost: nothing is done or counted again). The result's phases.store_ms (null when
 -- sent) becomes the time from finished to stored, by this host's clock: JSON strings
 -- escape their quotes, so the first '"store_ms":null' is that field.
-local function store(K, A, token)
+local function store(K, A, token, token_ttl)
   local qid, prefix, tenant = A[3], A[5], A[6]
   local payload = A[1]
   if A[15] ~= '' then
@@ -23,7 +24,7 @@ local function store(K, A, token)
     payload = string.gsub(payload, '"store_ms":null', string.format('"store_ms":%.3f', ms), 1)
   end
   if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
-    redis.call('SET', K[7], token, 'EX', A[2])
+    redis.call('SET', K[7], token, 'EX', token_ttl)
     if K[2] ~= '' then
       redis.call('RPUSH', K[2], qid)
       redis.call('LTRIM', K[2], -tonumber(A[4]), -1)
