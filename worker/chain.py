@@ -14,8 +14,9 @@ that dies leaves the message to be redelivered (at once for a killed pool proces
 after the visibility timeout for a dead worker); its new delivery finds the record and
 runs that job again, with its attempt counted (begin_attempt.lua). A job is taken only
 if its deadline falls before the message's soft time limit and visibility timeout, with
-``margins.CHAIN_SLACK_S`` to spare, so the message is never redelivered while its chain
-is alive. A warm shutdown stops chains at their current job.
+``margins.CHAIN_SLACK_S`` to spare (less the time the step took to reach Redis: redis-py
+resends it after a lost connection), so the message is never redelivered while its
+chain is alive. A warm shutdown stops chains at their current job.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
@@ -77,7 +78,9 @@ class Claimed:
 class ChainStep:
     """What a finishing job's slot asks of finish_job: its chain (the qid of the message it
     runs under) and this delivery's token; whether to take a next job, and the longest
-    that may still start; the finished job's task events (channel, payload) if any."""
+    that may still start; the finished job's task events (channel, payload) if any; when
+    the room was measured (epoch s, this host's clock), so a step that reaches Redis late
+    (redis-py resends it after a lost connection) has that much less."""
 
     chain: str
     token: str
@@ -85,6 +88,7 @@ class ChainStep:
     room_s: float
     running: RunningRecord
     events: tuple[str, str] | None = None
+    measured_at: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,7 @@ class FarmScripts:
             topic,
             events,
             *_store_token(),
+            step.measured_at,
         ]
         stored, job, message, attempts, cancelled, expiry = self._finish(keys=store_keys, args=args)
         if not job:

@@ -351,3 +351,24 @@ def test_a_chain_step_whose_answer_was_lost_publishes_its_events_once(farm) -> N
     assert published == [b"task-succeeded"]
     assert client.redis.get(client.keys.duplicates) is None
     assert jobs_counted(client) == 2  # the root's result and this one
+
+
+def test_a_step_that_reaches_redis_late_has_that_much_less_room(farm) -> None:
+    client, scripts = farm
+    client.submit_many([{"command": "echo 0"}, {"command": "echo 1", "limits": {"timeout_s": 60}}])
+    root, _ = deliver(client)
+    scripts.begin_attempt(root, RUNNING, 30, "tok")
+    waiting = queued_ids(client)
+    # Room for the 60 s job when the worker measured it, 100 s before the step ran (a
+    # retry after a lost connection): 120 - 100 s left, so it waits for a worker.
+    late = time.time() - 100.0
+    stored, claimed = finish(scripts, root, root, "tok", room_s=120.0, measured_at=late)
+    assert stored and claimed is None
+    assert queued_ids(client) == waiting and not client.redis.exists(client.keys.chain(root))
+
+    # The same room measured just now: the chain takes it.
+    second, _ = deliver(client)
+    scripts.begin_attempt(second, RUNNING, 30, "tok2")
+    (third,) = client.submit_many([{"command": "echo 2", "limits": {"timeout_s": 60}}])
+    _, claimed = finish(scripts, second, second, "tok2", room_s=120.0)
+    assert claimed is not None and claimed.qid == client.jobs.qid(third)

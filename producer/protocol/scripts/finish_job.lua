@@ -8,7 +8,9 @@
 -- next job, 25 the longest job (s) that may still start, 26 running JSON, 27 running
 -- margin (s), 28 hard limit margin (s), 29 task name, 30 result ttl (s), 31 chain ttl
 -- (s), 32 event channel ('' for none), 33 the job's task events (published once stored),
--- 34 this call's token (lib_store: a retried call finds its own result), 35 its ttl (s).
+-- 34 this call's token (lib_store: a retried call finds its own result), 35 its ttl (s),
+-- 36 when ARGV 25 was measured (epoch s, the worker's clock): a step that arrives late (a
+-- retry after a lost connection) has that much less room.
 -- Returns {stored (1, 0 for a duplicate, 2: this call stored it before its answer was
 -- lost), next qid ('' for none), its message, attempts, cancelled, dispatch expiry}.
 local prefix, qid, queue = ARGV[5], ARGV[3], ARGV[12]
@@ -54,7 +56,8 @@ local function take(job, raw, timeout, now)
 end
 
 if ARGV[24] == '1' then
-  local now, room = now_s(), tonumber(ARGV[25])
+  local now = now_s()
+  local room = tonumber(ARGV[25]) - math.max(0, now - tonumber(ARGV[36]))
   for _ = 1, 64 do
     local raw = redis.call('RPOP', queue)
     if not raw then break end
