@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
-from producer.protocol import MessageMeta, RunningRecord, margins
+from producer.protocol import LateStepError, MessageMeta, RunningRecord, margins
 from producer.protocol.scripts import ChainStep, Claimed
 from sandbox_core import JobResult
 from worker import events
@@ -84,7 +84,15 @@ class Chain:
         stored, claimed = scripts().finish_job(
             result, meta.notify, meta.qid, meta.tenant, meta.ttl, step
         )
-        return stored, None if claimed is None else _job(claimed, None, None)
+        if claimed is None:
+            return stored, None
+        taken = _job(claimed, None, None)
+        # finish_job checked the room as the step reached Redis; the answer itself may
+        # come back late (a resend after a lost connection returns the job taken then)
+        room = self.limit_s - (time.monotonic() - self.clock)
+        if timeout_of(taken.spec) > room:
+            raise LateStepError(taken.meta.qid, timeout_of(taken.spec), room)
+        return stored, taken
 
     def _events(self, job: Job, result: JobResult, text: str) -> tuple[str, str] | None:
         """The task events of a job Celery never saw (published once it is stored)."""

@@ -21,7 +21,7 @@ from celery import Task, signals
 from celery.exceptions import Reject
 from celery.worker.request import Request
 
-from producer.protocol import TASK_NAME, MessageMeta
+from producer.protocol import TASK_NAME, LateStepError, MessageMeta
 from sandbox_core import Status
 from worker import events, jobs
 from worker.app import app, settings
@@ -103,4 +103,8 @@ def execute(self: Task, spec: dict[str, Any], raw_meta: dict[str, Any]) -> str:
         # comes: the message must come back (unacked, or requeued) so that a redelivery
         # runs it (its attempt counted).
         raise Reject(f"the farm's Redis failed: {exc}", requeue=True) from exc
+    except LateStepError as exc:
+        # the job the chain took is begun and named by its record: the redelivered
+        # message runs it, with a fresh clock (its attempt counted)
+        raise Reject(str(exc), requeue=True) from exc
     return own

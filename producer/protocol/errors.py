@@ -90,3 +90,16 @@ class InputChangedError(FarmError, RuntimeError):
         self.path = path
         self.line = line
         super().__init__(f"{path}: line {line} changed during the batch run")
+
+
+class LateStepError(FarmError, TimeoutError):
+    """A chain's step came back too late for the job it took: its answer arrived after
+    redis-py resent it (a lost connection), and that job no longer fits the limits of
+    the message the chain runs under. The message goes back; its redelivery runs it."""
+
+    def __init__(self, qid: str, timeout_s: float, room_s: float) -> None:
+        self.qid = qid
+        super().__init__(
+            f"the chain took {qid} ({timeout_s:g} s) but its answer came late: {room_s:.1f} s"
+            " left under this message's limits; the message goes back and runs it"
+        )

@@ -30,7 +30,8 @@ WORKER_SOFT_LIMIT_S = WORKER_HARD_LIMIT_S - 30.0
 
 # A store's token (lib_store.lua) lives as long as its client may still send the store
 # again: every try of the patient retry policy, each waiting out an answer that never
-# comes, then the backoff's cap. Later, a lost answer's retry counts as a duplicate.
+# comes, then the backoff's cap (tries whose connects time out take longer: a resend
+# after that counts as a duplicate, and nothing is lost).
 STORE_TOKEN_TTL_S = int(RETRIES * (SOCKET_TIMEOUT_S + RETRY_CAP_S)) + 60
 
 # A job's running flag outlives its deadline by this much (slot wait, setup, storing), so

@@ -5,6 +5,7 @@ real, and checks that the job runs again and every job ends with exactly one res
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 import pytest
 
 from producer.protocol import MessageMeta, RunningRecord
-from producer.protocol.scripts import ChainStep, FarmScripts
+from producer.protocol.scripts import ChainStep, FarmScripts, source
 from sandbox_core import JobResult, Status
 from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
@@ -26,6 +27,7 @@ from tests.farmkit import (  # noqa: F401
     private_db,
     wait_for,
 )
+from tests.lostreply import lost_reply
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -84,6 +86,33 @@ def test_pool_process_killed_mid_chained_job_runs_it_again(make_farm) -> None:  
             assert client.status()["duplicates"] == 0
             assert not client.redis.exists(client.keys.chain(client.jobs.qid(first)))
             assert worker.proc.poll() is None
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
+
+
+def test_a_chain_step_answered_too_late_leaves_its_job_to_the_redelivery(make_farm) -> None:  # noqa: F811
+    """The step that stores the first job and takes the second reaches Redis in time, but
+    its answer comes back 6 s late (as a resend after a lost connection would): the 10 s
+    the chain had (40 s visibility timeout - 30 s) no longer hold the second job's 5 s.
+    The slot must not run it; the message goes back and its redelivery runs it."""
+    farm: Farm = make_farm(**CHAINING)
+    sha = hashlib.sha1(source("finish_job").encode()).hexdigest().encode()
+    marks = job_shared_dir("sandfarm-chain-")
+    marks.chmod(0o777)
+    try:
+        with lost_reply(farm.redis_url, sha) as proxy, farm.client() as client:
+            proxy.arm(delay_s=6.0)
+            worker = farm.start_worker("clate", 1, SANDFARM_REDIS_URL=proxy.url)
+            first, second = submit_pair(client, marks)
+            result = client.result(second, timeout=60)
+            assert proxy.intercepted == 1  # the step's answer was held back
+            assert result is not None, farm.logs()
+            assert result.status == Status.SUCCEEDED, (result.message, farm.logs())
+            assert result.attempts == 2  # taken by the late step, then run by the redelivery
+            assert (marks / "runs").read_text() == "start\n"  # and run once
+            assert "answer came late" in worker.log.read_text()
+            assert client.result(first).status == Status.SUCCEEDED
+            assert client.status()["duplicates"] == 0
     finally:
         shutil.rmtree(marks, ignore_errors=True)
 

@@ -38,7 +38,8 @@ if current and current ~= qid and held then
   -- this chain's last step took `current` already and its answer was lost (a retry)
   local attempts = redis.call('GET', prefix .. 'attempts:' .. current) or '1'
   local stored = redis.call('GET', KEYS[7]) == ARGV[34] and 2 or 0
-  return {stored, current, held, tonumber(attempts), redis.call('EXISTS', prefix .. 'cancel:' .. current), ''}
+  local cancelled = redis.call('EXISTS', prefix .. 'cancel:' .. current)
+  return {stored, current, held, tonumber(attempts), cancelled, ''}
 end
 local stored = store(KEYS, ARGV, ARGV[34], ARGV[35])
 if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end

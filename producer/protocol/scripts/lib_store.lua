@@ -12,9 +12,10 @@
 -- unknown), 20 wait s, 21 stats ttl (s); token: this call's own (random), kept token_ttl
 -- (s): as long as the client may send this call again.
 -- Returns 1 when stored, 0 for a duplicate, 2 when this same call stored it already (the
--- first send's answer was lost: nothing is done or counted again). The result's phases.store_ms (null when
--- sent) becomes the time from finished to stored, by this host's clock: JSON strings
--- escape their quotes, so the first '"store_ms":null' is that field.
+-- first send's answer was lost: nothing is done or counted again). The result's
+-- phases.store_ms (null when sent) becomes the time from finished to stored, by this
+-- host's clock: JSON strings escape their quotes, so the first '"store_ms":null' is
+-- that field.
 local function store(K, A, token, token_ttl)
   local qid, prefix, tenant = A[3], A[5], A[6]
   local payload = A[1]
