@@ -89,9 +89,9 @@ class Chain:
         taken = _job(claimed, None, None)
         # finish_job checked the room as the step reached Redis; the answer itself may
         # come back late (a resend after a lost connection returns the job taken then)
-        room = self.limit_s - (time.monotonic() - self.clock)
-        if timeout_of(taken.spec) > room:
-            raise LateStepError(taken.meta.qid, timeout_of(taken.spec), room)
+        room, timeout = self.limit_s - (time.monotonic() - self.clock), timeout_of(taken.spec)
+        if timeout > room:
+            raise LateStepError(taken.meta.qid, timeout, room)
         return stored, taken
 
     def _events(self, job: Job, result: JobResult, text: str) -> tuple[str, str] | None:

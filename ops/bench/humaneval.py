@@ -12,8 +12,11 @@ eval adapter would) through ``sandfarm batch run`` and prints
 with the harness's (a plain job can be short-circuited; the eval adapter cannot).
 Last, the floor of any design that starts a fresh interpreter per sample: the same plain
 programs run bare (``python3 -I file``, no sandbox, no farm) by as many threads, printed
-as ``ratio.humaneval_fresh_bare=<bare wall / harness wall>``. The harness, the batch and
-bare run back to back in ``--rounds`` rounds (each batch under its own id prefix, so it
+as ``ratio.humaneval_fresh_bare=<bare wall / harness wall>``; and the floor of a design
+that forks a warm interpreter per sample instead (``python3 -I`` started once, forking
+per program, which ``exec``s in the child: no sandbox, no farm), printed as
+``ratio.humaneval_fork_bare``. The harness, the batch and both bare runs go back to back
+in ``--rounds`` rounds (each batch under its own id prefix, so it
 runs every job afresh); the ratios are the medians of the rounds' own ratios.
 
     .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2] [--rounds 3]
@@ -98,6 +101,35 @@ def fresh_bare(plain: Path, parallel: int) -> float:
     return wall
 
 
+# Forks a warm interpreter per program, as many at once as argv[2] (threads wait).
+FORK_BARE = """
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+codes = [json.loads(line)["code"] for line in open(sys.argv[1])]
+def one(code):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec(compile(code, "main.py", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+with ThreadPoolExecutor(int(sys.argv[2])) as pool:
+    failed = sum(1 for code in pool.map(one, codes) if code)
+print(failed)
+"""
+
+
+def fork_bare(plain: Path, parallel: int) -> float:
+    """Wall seconds to run every plain job's code bare, forked from one warm interpreter."""
+    python = shutil.which("python3", path=SANDBOX_PATH) or "python3"
+    wall, failed = timed([python, "-I", "-c", FORK_BARE, str(plain), str(parallel)], {})
+    if failed != "0":
+        raise SystemExit(f"{failed} plain programs failed when forked")
+    return wall
+
+
 def agreeing(batch_out: Path, harness_results: Path, prefix: str) -> tuple[int, int]:
     """(verdicts that agree, all): succeeded here means passed there."""
     theirs = {
@@ -178,7 +210,8 @@ def main() -> None:
     for r in rounds:
         print(
             f"round {r.index + 1}: harness {r.harness_s:.2f} s  batch {r.batch_s:.2f} s"
-            f"  fresh bare {r.bare_s:.2f} s  verdicts.agree={r.agree}/{r.total}"
+            f"  fresh bare {r.bare_s:.2f} s  fork bare {r.fork_s:.2f} s"
+            f"  verdicts.agree={r.agree}/{r.total}"
         )
     batch_s = statistics.median(r.batch_s for r in rounds)
     bare_s = statistics.median(r.bare_s for r in rounds)
@@ -189,6 +222,10 @@ def main() -> None:
     print(f"fresh_bare.wall_s={bare_s:.2f}  (the plain programs, python3 -I each, no sandbox)")
     fresh = statistics.median(r.bare_s / r.harness_s for r in rounds)
     print(f"ratio.humaneval_fresh_bare={fresh:.3f}")
+    fork_s = statistics.median(r.fork_s for r in rounds)
+    print(f"fork_bare.wall_s={fork_s:.2f}  (the same, forked from one warm interpreter)")
+    forked = statistics.median(r.fork_s / r.harness_s for r in rounds)
+    print(f"ratio.humaneval_fork_bare={forked:.3f}")
     if any(r.agree != r.total for r in rounds):
         raise SystemExit("plain batch verdicts disagree with the harness's")
 
@@ -200,6 +237,7 @@ class Round:
     harness_k: dict[str, float]
     batch_s: float
     bare_s: float
+    fork_s: float
     agree: int
     total: int
 
@@ -213,7 +251,8 @@ def one_round(
     env: dict[str, str],
 ) -> Round:
     """The harness, then the same samples as plain jobs through `sandfarm batch run`
-    (their own id prefix: each round runs every job afresh), then bare: back to back."""
+    (their own id prefix: each round runs every job afresh), then bare, fresh and
+    forked: back to back."""
     harness_s, harness_out = timed(
         [sys.executable, "-c", HARNESS, str(samples), str(args.concurrency)], env
     )
@@ -223,7 +262,9 @@ def one_round(
     batch_s, _ = timed([*batch_argv, "--backend", args.backend, "--id-prefix", prefix], env)
     agree, total = agreeing(out, Path(f"{samples}_results.jsonl"), f"{prefix}:")
     bare_s = fresh_bare(plain, args.concurrency)
-    return Round(index, harness_s, json.loads(harness_out), batch_s, bare_s, agree, total)
+    fork_s = fork_bare(plain, args.concurrency)
+    harness_k = json.loads(harness_out)
+    return Round(index, harness_s, harness_k, batch_s, bare_s, fork_s, agree, total)
 
 
 if __name__ == "__main__":
