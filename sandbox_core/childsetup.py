@@ -20,6 +20,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,12 +33,15 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 0x4000, 0x40000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 0x4000, 0x40000
 _MNT_DETACH = 2
 # Host directories every uid may write, and /run (unix sockets of local services): a
 # job gets its own tmpfs over each, so nothing it leaves there outlives it or reaches
 # another slot, and no host socket is in reach.
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+# The host's cgroup tree: every slot's counters (CPU time, memory) are readable there.
+CGROUP_ROOT = "/sys/fs/cgroup"
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
 _SIOCGIFFLAGS, _SIOCSIFFLAGS = 0x8913, 0x8914
@@ -60,7 +64,7 @@ def loopback_up() -> None:
 
 def private_tmp(size_mb: int) -> None:
     """Private mount and IPC namespaces: tmpfs over SHARED_WRITABLE_DIRS, a fresh mqueue,
-    a /proc showing only the job's processes. Keep in step with private_tmp() in
+    a /proc showing only the job's processes, no cgroup tree. Keep in step with private_tmp() in
     native/sandfarm-exec.c."""
     unshare(CLONE_NEWNS | CLONE_NEWIPC)
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
@@ -74,6 +78,9 @@ def private_tmp(size_mb: int) -> None:
     if os.path.isdir("/dev/mqueue"):
         _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=invisible")
+    if os.path.isdir(CGROUP_ROOT):  # every slot's counters out of view, as in bwrap, docker
+        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY
+        _mount("tmpfs", CGROUP_ROOT, "tmpfs", flags, "size=4k,mode=0555")
 
 
 def mount_devpts(target: str, max_ptys: int) -> None:
@@ -145,41 +152,33 @@ def join_network_namespace(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
-def pinned_network_namespace() -> int:
-    """A new network namespace with only loopback up, kept alive by the returned fd.
+def new_network_namespace() -> int:
+    """A new network namespace with only loopback up, kept alive by the returned fd
+    (root only). One per session: a namespace outlives its processes' sockets (TIME_WAIT
+    for ~60 s, loopback's and TCP's counters, /proc/net's tables), so a job's next one
+    in a slot must not share it (SECURITY.md, "the slot's loopback").
 
-    Made once per slot and joined with setns by each job: creating a namespace per job
-    costs milliseconds, and between jobs nothing of the slot's is left alive in it (the
-    job's uid has no CAP_NET_ADMIN there, so it cannot leave routes or rules behind).
+    Made by a thread of its own that ends at once: unshare(CLONE_NEWNET) moves only the
+    calling thread, so no other thread of ours and no process is ever in it (a forked
+    helper cost a fork of the pool process and could outlive a killed parent).
     """
-    read_end, write_end = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
+    made: list[int] = []
+    failed: list[BaseException] = []
+
+    def make() -> None:
         try:
-            # Dies with its parent and holds none of its files: a parent killed between
-            # this fork and the kill below would leave it paused for ever, holding the
-            # parent's slot locks (the slot never free again).
-            die_with_parent()
-            if os.getppid() != parent:
-                os._exit(0)
-            os.closerange(3, write_end)
-            os.closerange(write_end + 1, os.sysconf("SC_OPEN_MAX"))
             unshare(CLONE_NEWNET)
             loopback_up()
-            os.write(write_end, b"1")
-            signal.pause()
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        if os.read(read_end, 1) != b"1":
-            raise OSError("could not create a network namespace")
-        return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        os.close(read_end)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+            made.append(os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+        except BaseException as exc:  # raised in the caller's thread below
+            failed.append(exc)
+
+    thread = threading.Thread(target=make, name="sandfarm-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]
 
 
 def private_network(as_root: bool) -> None:
@@ -277,14 +276,14 @@ class ChildSetup:
             if seccomp_fd is None:
                 return None
             argv += ["--seccomp-fd", str(seccomp_fd)]
+        for path in self.cgroup_procs:  # first, as __call__: private_tmp hides the tree
+            argv += ["--cgroup", path]
         if self.private_tmp_mb is not None:
             argv += ["--private-tmp", str(self.private_tmp_mb)]
             if self.devpts_max is not None:
                 argv += ["--devpts", str(self.devpts_max)]
             if self.hide_under is not None and self.keep is not None:
                 argv += ["--hide-under", self.hide_under, "--keep", self.keep]
-        for path in self.cgroup_procs:
-            argv += ["--cgroup", path]
         if self.netns_fd is not None:
             argv += ["--netns-fd", str(self.netns_fd)]
         for res, soft, hard in () if job_later else self.rlimits:

@@ -25,7 +25,7 @@ from typing import Any
 from sandbox_core import cgroups
 from sandbox_core import defaults as d
 from sandbox_core.cgroups import JobCgroup
-from sandbox_core.childsetup import pinned_network_namespace
+from sandbox_core.childsetup import new_network_namespace
 from sandbox_core.errors import SlotBusyError
 from sandbox_core.sweep import sweep_uid
 from sandbox_core.workspace import unmount
@@ -99,10 +99,20 @@ class Slot:
         return f"slot{self.index}"
 
     def network_namespace(self) -> int:
-        """The slot's loopback-only network namespace (root only), made on first use."""
+        """The current session's loopback-only network namespace (root only), made on
+        first use after the slot's last session ended: no two jobs share one."""
         if self._netns_fd is None:
-            self._netns_fd = pinned_network_namespace()
+            self._netns_fd = new_network_namespace()
         return self._netns_fd
+
+    def end_session(self) -> None:
+        """The session in this slot is over: its network namespace goes with it. A
+        namespace keeps what a job did on it after its processes are gone (TIME_WAIT
+        sockets for ~60 s, loopback's and TCP's counters, /proc/net's tables), and the
+        slot's next job, maybe another tenant's, must not find the last one's."""
+        if self._netns_fd is not None:
+            os.close(self._netns_fd)  # the kernel frees it once no process is in it
+            self._netns_fd = None
 
     def workspace_dir(self, base: Path | None = None) -> Path:
         """This slot's directory of job workspaces under ``base`` (see workspace_base)."""
@@ -113,9 +123,7 @@ class Slot:
             self.cgroup.kill()
             self.cgroup.remove()
             self.cgroup = None
-        if self._netns_fd is not None:
-            os.close(self._netns_fd)
-            self._netns_fd = None
+        self.end_session()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -15,9 +15,12 @@ programs run bare (``python3 -I file``, no sandbox, no farm) by as many threads,
 as ``ratio.humaneval_fresh_bare=<bare wall / harness wall>``; and the floor of a design
 that forks a warm interpreter per sample instead (``python3 -I`` started once, forking
 per program, which ``exec``s in the child: no sandbox, no farm), printed as
-``ratio.humaneval_fork_bare``. The harness, the batch and both bare runs go back to back
-in ``--rounds`` rounds (each batch under its own id prefix, so it
-runs every job afresh); the ratios are the medians of the rounds' own ratios.
+``ratio.humaneval_fork_bare``. For the middle round's batch it prints the phases of the
+median job and where the CPU went per sample (the worker's processes, the jobs, Redis, the
+CLI, and the whole host's busy and idle time), beside the harness's and both bare runs'.
+The harness, the batch and both bare runs go back to back in ``--rounds`` rounds (each
+batch under its own id prefix, so it runs every job afresh); the ratios are the medians
+of the rounds' own ratios.
 
     .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2] [--rounds 3]
 """
@@ -39,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from breakdown import breakdown
+from cpusplit import host, host_per_job, snapshot, this_process
+from cpusplit import per_job as cpu_per_job
 from farm_throughput import SANDFARM, cleanup, own_farm, start_worker, stop_worker
 
 from producer.batch import read_results
@@ -186,7 +191,13 @@ def main() -> None:
         )
         plain = work / "plain.jsonl"
         plain_jobs(plain)
-        rounds = [one_round(r, args, work, theirs, plain, full_env) for r in range(args.rounds)]
+        import redis
+
+        redis_pid = int(redis.Redis.from_url(settings.redis_url).info("server")["process_id"])
+        pids = (worker.pid, redis_pid)
+        rounds = [
+            one_round(r, args, work, theirs, plain, full_env, pids) for r in range(args.rounds)
+        ]
     finally:
         stop_worker(worker)
         import redis
@@ -216,6 +227,10 @@ def main() -> None:
     batch_s = statistics.median(r.batch_s for r in rounds)
     bare_s = statistics.median(r.bare_s for r in rounds)
     print(f"batch.wall_s={batch_s:.2f}  ({n / batch_s:.1f} samples/s, median)")
+    middle = sorted(rounds, key=lambda r: r.batch_s)[len(rounds) // 2]
+    print(middle.phases)
+    for line in middle.cpu:
+        print(line)
     # Each round's ratio pairs runs made seconds apart; their median rides out the
     # machine's drift (this VM's speed moves by a third within minutes).
     print(f"ratio.humaneval={statistics.median(r.batch_s / r.harness_s for r in rounds):.3f}")
@@ -240,6 +255,8 @@ class Round:
     fork_s: float
     agree: int
     total: int
+    phases: str
+    cpu: tuple[str, ...]  # where the CPU went, per sample: harness, batch, both bare
 
 
 def one_round(
@@ -249,22 +266,41 @@ def one_round(
     samples: Path,
     plain: Path,
     env: dict[str, str],
+    pids: tuple[int, int],
 ) -> Round:
     """The harness, then the same samples as plain jobs through `sandfarm batch run`
     (their own id prefix: each round runs every job afresh), then bare, fresh and
     forked: back to back."""
+    n = len(plain.read_text().splitlines())
+    before, host_before = this_process(), host()
     harness_s, harness_out = timed(
         [sys.executable, "-c", HARNESS, str(samples), str(args.concurrency)], env
     )
+    cpu = [f"harness.{cpu_per_job(before, this_process(), n)}  (the harness and its forks)"]
+    cpu.append(f"harness.{host_per_job(host_before, host(), n)}")
+    before, host_before, farm_before = this_process(), host(), snapshot(*pids)
     out = work / f"plain_results_{index}.jsonl"
     prefix = f"round{index}"
     batch_argv = [SANDFARM, "batch", "run", str(plain), "-o", str(out), "--no-progress"]
     batch_s, _ = timed([*batch_argv, "--backend", args.backend, "--id-prefix", prefix], env)
+    farm = cpu_per_job(farm_before, snapshot(*pids), n)
+    cli = (this_process()["jobs"] - before["jobs"]) / n  # the CLI: a child the bench reaped
+    cpu.append(f"batch.{farm} cli={cli:.2f}  (client: the bench; cli: `sandfarm batch run`)")
+    cpu.append(f"batch.{host_per_job(host_before, host(), n)}")
     agree, total = agreeing(out, Path(f"{samples}_results.jsonl"), f"{prefix}:")
+    phases = breakdown(map(JobResult.model_validate, read_results(out)), "batch_humaneval")
+    before, host_before = this_process(), host()
     bare_s = fresh_bare(plain, args.concurrency)
+    cpu.append(f"fresh_bare.{cpu_per_job(before, this_process(), n)}")
+    cpu.append(f"fresh_bare.{host_per_job(host_before, host(), n)}")
+    before, host_before = this_process(), host()
     fork_s = fork_bare(plain, args.concurrency)
+    cpu.append(f"fork_bare.{cpu_per_job(before, this_process(), n)}")
+    cpu.append(f"fork_bare.{host_per_job(host_before, host(), n)}")
     harness_k = json.loads(harness_out)
-    return Round(index, harness_s, harness_k, batch_s, bare_s, fork_s, agree, total)
+    return Round(
+        index, harness_s, harness_k, batch_s, bare_s, fork_s, agree, total, phases, tuple(cpu)
+    )
 
 
 if __name__ == "__main__":

@@ -296,7 +296,10 @@ class LocalSession(Session):
             self.standby = None
             if self.slot.uid is not None:  # its wrapper's own children, as our zombies
                 reap_zombies_of(self.slot.uid)
-        self.ws.remove()
+        try:
+            self.ws.remove()
+        finally:
+            self.slot.end_session()
 
 
 def _read_all(fd: int) -> bytes:

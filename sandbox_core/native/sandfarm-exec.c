@@ -115,6 +115,12 @@ static void private_tmp(const char *size_mb) {
         die("mount mqueue on", "/dev/mqueue");
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") != 0)
         die("mount proc", "hidepid=invisible");
+    /* The host's cgroup tree out of view (every slot's counters: what another tenant's
+     * job, or the slot's last one, used): an empty read-only tmpfs, as bwrap and docker. */
+    if (stat("/sys/fs/cgroup", &st) == 0 && S_ISDIR(st.st_mode) &&
+        mount("tmpfs", "/sys/fs/cgroup", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+              "size=4k,mode=0555") != 0)
+        die("mount tmpfs on", "/sys/fs/cgroup");
 }
 
 /* A devpts instance of the job's own, at most max ptys, over /dev/pts and /dev/ptmx. */

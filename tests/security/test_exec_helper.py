@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sandbox_core import get_backend, parse_spec
 from sandbox_core.childsetup import find_exec_helper
 from tests.conftest import require
@@ -15,10 +17,9 @@ echo capeff=$(awk '/^CapEff/ {print $2}' /proc/self/status)
 echo ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ,)
 echo fds=$(ls /proc/self/fd | sort -n | tr '\\n' ,)
 echo cgroups=$(grep -c sandfarm /proc/self/cgroup)
-for f in $(awk -F: '$2 == "memory" {print "/sys/fs/cgroup/memory" $3 "/memory.limit_in_bytes"}
-    $1 == "0" {print "/sys/fs/cgroup" $3 "/memory.max"}' /proc/self/cgroup); do
-  [ -f "$f" ] && { echo memcg=$(cat "$f"); break; }
-done
+echo cgview=$(ls -A /sys/fs/cgroup | wc -l)
+echo memcg=$(awk -F: '$2 == "memory" {print "/sys/fs/cgroup/memory" $3 "/memory.limit_in_bytes"}
+    $1 == "0" {print "/sys/fs/cgroup" $3 "/memory.max"}' /proc/self/cgroup | tr '\n' ,)
 """
 
 
@@ -36,6 +37,7 @@ KEYS = (
     "ifaces",
     "fds",
     "cgroups",
+    "cgview",
     "memcg",
 )
 
@@ -44,12 +46,17 @@ def _probe(helper: str) -> dict[str, str]:
     backend = get_backend("process", exec_helper=helper)
     try:
         result = backend.run(parse_spec({"command": PROBE, "limits": {"memory_mb": 300}}))
+        assert result.status == "succeeded", result
+        found = dict(
+            item.split("=", 1)
+            for line in result.steps[0].stdout.splitlines()
+            for item in line.split()
+        )
+        # the job's memory limit, read where the job cannot (the tree is out of its view)
+        limit_files = [Path(f) for f in found.get("memcg", "").split(",") if f]
+        found["memcg"] = next((f.read_text().strip() for f in limit_files if f.is_file()), "")
     finally:
         backend.close()
-    assert result.status == "succeeded", result
-    found = dict(
-        item.split("=", 1) for line in result.steps[0].stdout.splitlines() for item in line.split()
-    )
     # the probe ran to its end: every reading is there
     assert set(found) == set(KEYS), result
     return found
@@ -73,3 +80,4 @@ def test_helper_and_python_setup_agree(is_root):
     assert with_helper["ifaces"] == "lo,"
     assert with_helper["fds"] == "0,1,2,3,"  # 3 is ls's own: no netns or lock fd leaks
     assert int(with_helper["cgroups"]) >= 1
+    assert with_helper["cgview"] == "0"  # no slot's cgroup counters in view

@@ -272,7 +272,7 @@ class BwrapBackend(LocalBackend):
         return Launch(command, {"PATH": "/usr/bin:/bin"}, fds, status_fd, waits=waits)
 
     def joins_slot_network(self, session: LocalSession) -> bool:
-        """As root, a job without network joins its slot's pinned loopback-only namespace
+        """As root, a job without network joins its session's loopback-only namespace
         (as the process backend does) rather than paying for a new one per step."""
         return self.is_root and not session.spec.limits.network
 
