@@ -202,7 +202,7 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _normalise(self) -> JobSpec:
-        if self.id is not None and not _ID_RE.match(self.id):
+        if self.id is not None and not _ID_RE.fullmatch(self.id):
             raise SpecError("id", "must be 1-128 of [A-Za-z0-9._:@-], starting alphanumeric")
         shorthands = [name for name in ("code", "command") if getattr(self, name) is not None]
         if shorthands and self.steps:
@@ -221,7 +221,7 @@ class JobSpec(_Strict):
         if seeded > d.MAX_SEED_BYTES:
             raise SpecError("files", f"{seeded} bytes in all; the maximum is {d.MAX_SEED_BYTES}")
         for name, value in self.env.items():
-            if not _ENV_NAME_RE.match(name):
+            if not _ENV_NAME_RE.fullmatch(name):
                 raise SpecError(f"env.{name}", "not a valid environment variable name")
             if len(value.encode()) > d.MAX_ENV_VALUE_BYTES or "\x00" in value:
                 raise SpecError(f"env.{name}", "value too long or contains NUL")

@@ -65,7 +65,7 @@ def caller(
         raise _unauthorized("unknown or revoked API key")
     done_key = None
     if sandfarm_client is not None:
-        if not CLIENT_RE.match(sandfarm_client):
+        if not CLIENT_RE.fullmatch(sandfarm_client):
             raise ProblemError(
                 422,
                 "invalid",

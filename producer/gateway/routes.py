@@ -144,7 +144,7 @@ def get_job(
     job_id: JobId, who: Who, wait: Annotated[float, Query(ge=0, le=60)] = 0.0
 ) -> JobResult | JobProgress:
     with _translated():
-        state = who.jobs.state(job_id) if ID_RE.match(job_id) else "unknown"
+        state = who.jobs.state(job_id) if ID_RE.fullmatch(job_id) else "unknown"
         if state == "unknown":
             raise ProblemError(404, "not-found", "Not found", f"no job {job_id!r} here")
         found = who.jobs.result(job_id, timeout=wait) if state in ("queued", "running") else None
@@ -265,7 +265,7 @@ def list_jobs(
 )
 def cancel_job(job_id: JobId, who: Who) -> Cancelled:
     with _translated():
-        if not ID_RE.match(job_id) or who.jobs.state(job_id) == "unknown":
+        if not ID_RE.fullmatch(job_id) or who.jobs.state(job_id) == "unknown":
             raise ProblemError(404, "not-found", "Not found", f"no job {job_id!r} here")
         done = who.jobs.cancel(job_id)
     return Cancelled(cancelled=[job_id] if done else [], not_cancelled=[] if done else [job_id])
@@ -274,7 +274,7 @@ def cancel_job(job_id: JobId, who: Who) -> Cancelled:
 @router.post("/jobs/cancel", response_model=Cancelled, responses=problems(), summary="Cancel jobs")
 def cancel_jobs(body: CancelRequest, who: Who) -> Cancelled:
     with _translated():
-        done = {i: ID_RE.match(i) is not None and who.jobs.cancel(i) for i in body.ids}
+        done = {i: ID_RE.fullmatch(i) is not None and who.jobs.cancel(i) for i in body.ids}
     return Cancelled(
         cancelled=[i for i, ok in done.items() if ok],
         not_cancelled=[i for i, ok in done.items() if not ok],
@@ -289,7 +289,7 @@ def cancel_jobs(body: CancelRequest, who: Who) -> Cancelled:
 )
 def spec_hashes(body: SpecHashesRequest, who: Who) -> SpecHashes:
     with _translated():
-        ids = [i for i in body.ids if ID_RE.match(i)]
+        ids = [i for i in body.ids if ID_RE.fullmatch(i)]
         return SpecHashes(hashes=who.jobs.known_hashes(ids))
 
 

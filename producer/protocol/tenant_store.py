@@ -33,7 +33,7 @@ class TenantStore:
     # --- tenants ------------------------------------------------------------------
 
     def add(self, name: str, policy: Policy) -> None:
-        if not TENANT_RE.match(name):
+        if not TENANT_RE.fullmatch(name):
             raise TenantError(name, "a tenant name is 1-32 of [a-z0-9-], starting alphanumeric")
         if self.redis.exists(self.keys.joblist(name)) and not self.get(name):
             # a new team must not read a removed one's results under the old ids

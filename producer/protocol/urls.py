@@ -48,7 +48,7 @@ def parse_sentinel(url: str) -> SentinelURL:
             raise ValueError(f"{shown}: {item.strip() or '(empty)'!r} is not host:port")
         sentinels.append((host.strip("[]"), int(port)))
     parts = [p for p in path.split("?", 1)[0].split("/") if p]
-    if not parts or not _NAME_RE.match(parts[0]):
+    if not parts or not _NAME_RE.fullmatch(parts[0]):
         raise ValueError(f"{shown}: name the primary after the sentinels: .../<master>")
     if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise ValueError(f"{shown}: after the master name only a DB number: .../<master>/<db>")

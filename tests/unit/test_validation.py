@@ -75,3 +75,32 @@ def test_a_key_that_is_not_unicode_is_rejected_and_its_name_can_be_printed() -> 
         parse_spec({"command": "true", "labels": {SURROGATE: "x"}})
     assert caught.value.field.startswith("labels.")
     str(caught.value).encode("utf-8")  # printable, sendable as JSON
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"id": "job-1\n", "code": "1"}, "id"),
+        ({"code": "1", "env": {"NAME\n": "x"}}, "env"),
+    ],
+)
+def test_a_name_with_a_trailing_newline_is_refused(spec: dict, field: str) -> None:
+    """`$` also matches before a final newline: names are matched whole (fullmatch), so
+    none carries a newline into keys, headers or logs."""
+    with pytest.raises(SpecError) as caught:
+        parse_spec(spec)
+    assert caught.value.field.startswith(field), caught.value
+
+
+def test_gateway_and_tenant_names_are_matched_whole() -> None:
+    from producer.gateway.context import CLIENT_RE
+    from producer.gateway.routes import CURSOR_RE, ID_RE
+    from producer.protocol.tenants import TENANT_RE
+
+    for pattern, good in [
+        (ID_RE, "job-1"),
+        (CLIENT_RE, "client-1"),
+        (TENANT_RE, "team-a"),
+        (CURSOR_RE, "12.5~job-1"),
+    ]:
+        assert pattern.fullmatch(good) and not pattern.fullmatch(good + "\n"), pattern.pattern
