@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import anyio
@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producer.gateway import metrics, problems
+from producer.gateway.admission import Admission
+from producer.gateway.asgi import App, Receive, Scope, Send, no_body
 from producer.gateway.context import Farm, farm_of
 from producer.gateway.routes import router
 from producer.gateway.schemas import Health
@@ -23,9 +25,6 @@ from producer.protocol import FarmScripts, Settings, connect, get_settings
 
 DISPATCH_EVERY_S = 1.0
 THREADS = 200  # handlers run in threads; long-polls hold one each
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class BodyLimit:
@@ -33,7 +32,7 @@ class BodyLimit:
     client may lie in Content-Length, or send none). The body is read here, up to the
     limit, and handed on whole: the app would hold it all anyway to parse it."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], limit: int) -> None:
+    def __init__(self, app: App, limit: int) -> None:
         self.app = app
         self.limit = limit
 
@@ -79,11 +78,7 @@ class BodyLimit:
             detail=f"the body is over {self.limit} bytes: send fewer or smaller jobs",
         )
         response = problems.response(problem, {"Connection": "close"})
-        await response(scope, _nothing, send)
-
-
-async def _nothing() -> MutableMapping[str, Any]:
-    return {"type": "http.request", "body": b"", "more_body": False}
+        await response(scope, no_body, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -112,8 +107,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, problems.on_http_error)
     app.include_router(router)
 
+    # Health answers on the event loop and its own threads: never behind the handlers'.
+    health_threads: list[anyio.CapacityLimiter] = []
+
     @app.get("/healthz", response_model=Health, summary="The process is up")
-    def healthz() -> Health:
+    async def healthz() -> Health:
         return Health(status="ok")
 
     @app.get(
@@ -122,9 +120,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=problems.problems(503, api=False),
         summary="The farm's Redis answers",
     )
-    def readyz(request: Request) -> Health | JSONResponse:
+    async def readyz(request: Request) -> Health | JSONResponse:
+        if not health_threads:
+            health_threads.append(anyio.CapacityLimiter(2))
         try:
-            farm_of(request).redis.ping()
+            await anyio.to_thread.run_sync(farm_of(request).redis.ping, limiter=health_threads[0])
         except Exception:
             return problems.response(
                 problems.Problem(
@@ -137,6 +137,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Health(status="ok")
 
     app.add_middleware(BodyLimit, limit=settings.gateway_max_body_mb * 1024 * 1024)
+    # outside BodyLimit: a caller is known, and within its tenant's bound, before its body
+    # is read
+    app.add_middleware(Admission, farm=farm, per_tenant=settings.gateway_max_in_flight)
     metrics.install(app, settings.metrics_token)  # outermost: a 413 is timed too
     return app
 

@@ -46,15 +46,9 @@ def farm_of(request: Request) -> Farm:
     return farm
 
 
-def caller(
-    request: Request,
-    authorization: str | None = Header(None, description="Bearer <API key>"),
-    sandfarm_client: str | None = Header(
-        None, description="a client's own name for its completion list (waits for results)"
-    ),
-) -> Caller:
-    """The request's tenant (401 for a missing, malformed, unknown or revoked key)."""
-    farm = farm_of(request)
+def tenant_of(farm: Farm, authorization: str | None) -> str:
+    """The tenant of an Authorization header's API key (401 for a missing, malformed,
+    unknown or revoked key)."""
     if not authorization:
         raise _unauthorized("no API key: send Authorization: Bearer <key>")
     scheme, _, token = authorization.partition(" ")
@@ -63,6 +57,20 @@ def caller(
     tenant = farm.tenants.authenticate(token.strip())
     if tenant is None:
         raise _unauthorized("unknown or revoked API key")
+    return tenant
+
+
+def caller(
+    request: Request,
+    authorization: str | None = Header(None, description="Bearer <API key>"),
+    sandfarm_client: str | None = Header(
+        None, description="a client's own name for its completion list (waits for results)"
+    ),
+) -> Caller:
+    """The request's tenant: as admission found it (producer/gateway/admission.py), else
+    looked up here."""
+    farm = farm_of(request)
+    tenant = request.scope.get("state", {}).get("tenant") or tenant_of(farm, authorization)
     done_key = None
     if sandfarm_client is not None:
         if not CLIENT_RE.fullmatch(sandfarm_client):

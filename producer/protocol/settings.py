@@ -83,6 +83,12 @@ class Settings(BaseSettings):
     gateway_max_body_mb: int = Field(
         16, ge=1, le=1024, description="the gateway refuses request bodies over this (413)"
     )
+    gateway_max_in_flight: int = Field(
+        32,
+        ge=1,
+        le=10_000,
+        description="requests of one tenant the gateway serves at once (429 beyond)",
+    )
     done_max_len: int = Field(
         1_000_000, ge=1000, description="cap of a client's completion list (oldest dropped)"
     )

@@ -1,0 +1,98 @@
+"""One tenant cannot take the gateway from the others: its requests in the handlers are
+bounded (producer/gateway/admission.py), keys are checked before a body is read, and the
+health checks never wait behind the handlers. A real gateway over HTTP on loopback, no
+worker behind it (so a long-poll waits its whole time)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from tests.farmkit import farm_db  # noqa: F401
+from tests.gatewaykit import TenantFarm, api
+
+pytestmark = pytest.mark.timeout(180)
+THREADS = 200  # producer.gateway.app.THREADS: what one tenant's long-polls once all held
+
+
+@pytest.fixture(scope="module")
+def tenants(farm_db: str, tmp_path_factory):  # noqa: F811
+    from tests.farmkit import Farm
+
+    farm = Farm(farm_db, tmp_path_factory.mktemp("admission"))
+    tf = TenantFarm(farm)
+    try:
+        tf.start_gateway()
+        yield tf
+    finally:
+        tf.stop()
+        farm.stop()
+
+
+def test_one_tenants_long_polls_leave_the_gateway_to_the_others(tenants: TenantFarm) -> None:
+    gw = tenants.gateways[0]
+    flooder, other = api(gw, tenants.tenant("flooder")), api(gw, tenants.tenant("other"))
+    assert flooder.post("/v1/jobs", json={"id": "never-runs", "code": "1"}).status_code == 202
+    bound = tenants.farm.settings.gateway_max_in_flight
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def long_poll() -> None:
+        with httpx.Client(base_url=gw.url, headers=flooder.headers, timeout=30) as client:
+            status = client.get("/v1/jobs/never-runs", params={"wait": 8}).status_code
+        with lock:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=long_poll) for _ in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    try:
+        # the attack ran: all the refused came back at once, while the admitted still wait
+        deadline = time.monotonic() + 5
+        while len(statuses) < THREADS - bound and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with lock:
+            refused = statuses.count(429)
+            answered = len(statuses)
+        assert refused == THREADS - bound == answered, (refused, answered)
+        # ... and the others are served now, not after the long-polls
+        for path in ("/v1/usage", "/healthz", "/readyz"):
+            started = time.monotonic()
+            reply = other.get(path, timeout=3)
+            assert reply.status_code == 200, reply.text
+            assert time.monotonic() - started < 2, path
+        problem = flooder.get("/v1/usage", timeout=3)
+        assert problem.status_code == 429 and problem.headers["Retry-After"] == "1", problem.text
+        assert "at most" in problem.json()["detail"]
+    finally:
+        for thread in threads:
+            thread.join(30)
+    assert statuses.count(200) == bound, statuses  # the admitted waited their time out
+    assert flooder.get("/v1/usage").status_code == 200  # the bound is of requests at once
+
+
+def test_an_unknown_key_is_refused_before_its_body_is_read(tenants: TenantFarm) -> None:
+    """A caller without a valid key makes the gateway hold nothing: 401 comes while the
+    body it announced (16 MiB) is still unsent."""
+    url = urlparse(tenants.gateways[0].url)
+    for authorization in ("Bearer made-up-key", None):
+        with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+            head = [
+                "POST /v1/jobs/batch HTTP/1.1",
+                f"Host: {url.hostname}",
+                "Content-Type: application/json",
+                f"Content-Length: {16 * 1024 * 1024}",
+            ]
+            if authorization:
+                head.append(f"Authorization: {authorization}")
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+            sock.sendall(b'{"jobs": [')  # the body's start: the rest never comes
+            started = time.monotonic()
+            reply = sock.recv(4096).decode("latin-1")
+        assert reply.startswith("HTTP/1.1 401"), reply
+        assert time.monotonic() - started < 2
