@@ -307,3 +307,17 @@ def test_a_step_that_reaches_redis_late_has_that_much_less_room(farm) -> None:
     (third,) = client.submit_many([{"command": "echo 2", "limits": {"timeout_s": 60}}])
     _, claimed = finish(scripts, second, second, "tok2", room_s=120.0)
     assert claimed is not None and claimed.qid == client.jobs.qid(third)
+
+
+def test_a_jobs_record_lives_as_long_as_its_result(farm) -> None:
+    """The record of an id's spec outlives its result, so the id with other code stays a
+    conflict while the result can be read (it lived from submission, the result from
+    storage: between the two, the id looked new and the old result answered new code)."""
+    client, scripts = farm
+    qid, tenant, result = one_begun_job(client, scripts)
+    record = client.keys.job(qid)
+    client.redis.expire(record, 5)  # what a short TTL leaves of it when the job ends
+    assert scripts.store_result(result, None, qid, tenant)
+    ttl = client.settings.result_ttl_s
+    assert client.redis.ttl(client.keys.result(qid)) > ttl - 5
+    assert client.redis.ttl(record) > ttl - 5  # ... now as long as the result's

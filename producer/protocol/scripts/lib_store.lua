@@ -34,6 +34,11 @@ local function store(K, A, token, token_ttl)
     redis.call('ZREM', K[4], qid)
     redis.call('DEL', K[5])
     redis.call('DEL', prefix .. 'msg:' .. qid)  -- final without a begin (rejected, cancelled)
+    -- The job's record (its spec hash: a resubmission of the id with other code is a
+    -- conflict) lives as long as its result, never less: its TTL ran from submission.
+    local record = prefix .. 'job:' .. qid
+    local left = redis.call('TTL', record)
+    if left >= 0 and left < tonumber(A[2]) then redis.call('EXPIRE', record, A[2]) end
     -- the counters: one HINCRBY each, bucket chosen by the caller (fixed bounds)
     local backend = A[16]
     local who = tenant ~= '' and tenant or 'none'
