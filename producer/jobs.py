@@ -74,6 +74,30 @@ class TenantJobs:
                     found[job_id] = JobResult.model_validate_json(raw)
         return found
 
+    def results_within(
+        self, ids: Sequence[str], max_bytes: int
+    ) -> tuple[dict[str, JobResult], list[str]]:
+        """The stored results among ``ids``, in order, while their stored JSON adds up to
+        at most ``max_bytes`` (the first always comes, whatever its size); and the ids
+        whose results are stored but left out. Sizes are asked first (STRLEN), so a reply
+        never makes Redis, or us, hold more than the bound."""
+        keys = [self.keys.result(self.qid(i)) for i in ids]
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.strlen(key)
+        taken: list[str] = []
+        withheld: list[str] = []
+        left = max_bytes
+        for job_id, size in zip(ids, pipe.execute(), strict=True):
+            if not size:
+                continue  # not final (or expired)
+            if taken and (withheld or size > left):
+                withheld.append(job_id)
+                continue
+            taken.append(job_id)
+            left -= size
+        return self.results(taken), withheld
+
     def result(self, job_id: str, timeout: float | None = None) -> JobResult | None:
         """The job's result; None if not final. ``timeout``: seconds to wait (None: no wait)."""
         deadline = time.monotonic() + (timeout or 0)
@@ -121,6 +145,12 @@ class TenantJobs:
         prefix = f"{self.tenant}/"
         ids = (text(item).removeprefix(prefix) for item in popped[1])
         return [i for i in dict.fromkeys(ids) if wanted is None or i in wanted]
+
+    def give_back(self, done_key: str, ids: Sequence[str]) -> None:
+        """Put announcements taken from the completion list ``done_key`` back at its
+        head, in their order: the next ask hands them out."""
+        if ids:
+            self.redis.lpush(done_key, *reversed(ids))
 
     def known_hashes(self, ids: Sequence[str]) -> dict[str, str]:
         """The spec hash recorded for each id this tenant submitted (left out where the

@@ -155,6 +155,11 @@ def get_job(
         return found or _final(who, job_id)
 
 
+def _reply_bytes(who: Caller) -> int:
+    """Stored result JSON one reply of many results carries at most (see the setting)."""
+    return who.jobs.settings.gateway_max_reply_mb * 1024 * 1024
+
+
 def _final(who: Caller, job_id: str) -> JobResult:
     found = who.jobs.result(job_id)
     if found is None:  # expired between the two reads
@@ -171,7 +176,7 @@ def _final(who: Caller, job_id: str) -> JobResult:
 def get_results(body: ResultsRequest, who: Who) -> Results:
     with _translated():
         ids = list(dict.fromkeys(body.ids))
-        found = who.jobs.results(ids)
+        found, withheld = who.jobs.results_within(ids, _reply_bytes(who))
         pending = [i for i in ids if i not in found]
         deadline = time.monotonic() + body.wait
         while pending and not found and time.monotonic() < deadline:
@@ -181,13 +186,13 @@ def get_results(body: ResultsRequest, who: Who) -> Results:
                 # in another request, and the client polls again at once.
                 if not who.jobs.done(who.done_key, None, min(left, 5.0), MAX_IDS_PER_REQUEST):
                     continue
-                found = who.jobs.results(pending)
+                found, withheld = who.jobs.results_within(pending, _reply_bytes(who))
                 pending = [i for i in pending if i not in found]
                 break
             time.sleep(min(left, 0.2))
-            found = who.jobs.results(pending)
+            found, withheld = who.jobs.results_within(pending, _reply_bytes(who))
             pending = [i for i in pending if i not in found]
-        known = who.jobs.known(pending) if pending else set()
+        known = set(withheld) | (who.jobs.known(pending) if pending else set())
         return Results(
             results=list(found.values()),
             pending=[i for i in pending if i in known],
@@ -222,7 +227,8 @@ def completions(
             if not more:
                 break
             ids += more
-        found = who.jobs.results(ids)
+        found, withheld = who.jobs.results_within(ids, _reply_bytes(who))
+        who.jobs.give_back(who.done_key, withheld)  # announced again: the next ask has them
     return Results(results=list(found.values()), pending=[], unknown=[])
 
 

@@ -46,7 +46,9 @@ class ResultsRequest(_Body):
 
 class Results(BaseModel):
     results: list[JobResult]
-    pending: list[str] = Field(description="ids not final yet")
+    pending: list[str] = Field(
+        description="ids not final yet, or final but over this reply's size bound: ask again"
+    )
     unknown: list[str] = Field(description="ids this tenant never submitted (or expired)")
 
 

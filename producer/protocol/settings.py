@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     gateway_max_body_mb: int = Field(
         16, ge=1, le=1024, description="the gateway refuses request bodies over this (413)"
     )
+    gateway_max_reply_mb: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="result JSON one reply of many results carries at most (the first"
+        " always comes; the rest are listed pending: ask again)",
+    )
     gateway_max_in_flight: int = Field(
         32,
         ge=1,

@@ -1,7 +1,8 @@
 """One tenant cannot take the gateway from the others: its requests in the handlers are
-bounded (producer/gateway/admission.py), keys are checked before a body is read, and the
-health checks never wait behind the handlers. A real gateway over HTTP on loopback, no
-worker behind it (so a long-poll waits its whole time)."""
+bounded (producer/gateway/admission.py), keys are checked before a body is read, the
+health checks never wait behind the handlers, and one reply of many results is bounded
+in bytes. A real gateway over HTTP on loopback, no worker behind it (so a long-poll
+waits its whole time; results are stored as a worker stores them)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
+from producer.protocol import FarmScripts, connect
+from sandbox_core import JobResult, Status
 from tests.farmkit import farm_db  # noqa: F401
 from tests.gatewaykit import TenantFarm, api
 
@@ -24,7 +27,9 @@ THREADS = 200  # producer.gateway.app.THREADS: what one tenant's long-polls once
 def tenants(farm_db: str, tmp_path_factory):  # noqa: F811
     from tests.farmkit import Farm
 
-    farm = Farm(farm_db, tmp_path_factory.mktemp("admission"))
+    farm = Farm(
+        farm_db, tmp_path_factory.mktemp("admission"), env={"SANDFARM_GATEWAY_MAX_REPLY_MB": "1"}
+    )
     tf = TenantFarm(farm)
     try:
         tf.start_gateway()
@@ -96,3 +101,39 @@ def test_an_unknown_key_is_refused_before_its_body_is_read(tenants: TenantFarm) 
             reply = sock.recv(4096).decode("latin-1")
         assert reply.startswith("HTTP/1.1 401"), reply
         assert time.monotonic() - started < 2
+
+
+def test_a_reply_of_many_results_is_bounded_and_the_rest_come_next(tenants: TenantFarm) -> None:
+    """Three stored results of 0.6 MB under a 1 MiB bound: each reply carries one, lists
+    the others pending, and asking again brings them all (nothing lost), on /v1/results
+    and on the client's completion list alike."""
+    gw, settings = tenants.gateways[0], tenants.farm.settings
+    key = tenants.tenant("bulky")
+    client = api(gw, key)
+    client.headers["Sandfarm-Client"] = "reader"
+    ids = [f"big-{i}" for i in range(3)]
+    reply = client.post("/v1/jobs/batch", json={"jobs": [{"id": i, "code": "1"} for i in ids]})
+    assert reply.status_code == 202, reply.text
+    redis = connect(settings.redis_url)
+    scripts = FarmScripts(redis, settings)
+    for job_id in ids:  # as a worker stores them: announced on the client's list
+        big = JobResult(id=job_id, status=Status.SUCCEEDED, message="x" * 600_000)
+        notify = settings.keys.done("bulky:reader")
+        assert scripts.store_result(big, notify, f"bulky/{job_id}", "bulky")
+    # the attack's material: more stored than one reply may carry
+    sizes = [redis.strlen(settings.keys.result(f"bulky/{i}")) for i in ids]
+    assert all(size > 600_000 for size in sizes) and sum(sizes) > 1024 * 1024
+    asked, seen = list(ids), []
+    while asked:
+        reply = client.post("/v1/results", json={"ids": asked}).json()
+        assert len(reply["results"]) == 1, [r["id"] for r in reply["results"]]
+        seen.append(reply["results"][0]["id"])
+        assert reply["unknown"] == [] and reply["pending"] == asked[1:]
+        asked = reply["pending"]
+    assert seen == ids
+    announced = []
+    for _ in range(3):
+        reply = client.get("/v1/completions").json()
+        assert len(reply["results"]) == 1
+        announced.append(reply["results"][0]["id"])
+    assert announced == ids and client.get("/v1/completions").json()["results"] == []
