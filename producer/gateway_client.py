@@ -25,6 +25,9 @@ from sandbox_core.errors import PolicyError, SpecError
 BATCH = 1000  # the gateway's most jobs (and ids) per request
 WAIT_S = 20.0  # one long-poll for results
 TRIES = 8  # connection failures and 5xx answers before giving up
+# A tenant's requests at the gateway's bound (429 too-many-requests) wait for a place as
+# long as a long-poll may hold one, and a little more.
+BUSY_WAIT_S = 75.0
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0)
 FULL_TRIES = 5  # a batch refused this often for a full queue goes in halves (it may
 # be larger than the tenant's max_queued)
@@ -50,21 +53,29 @@ class GatewayClient:
     # --- HTTP -----------------------------------------------------------------------
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One call, retried on another gateway URL after a connection failure or 5xx;
-        every request here is safe to repeat (ids are ours)."""
+        """One call, retried on another gateway URL after a connection failure or 5xx,
+        and after a wait while the tenant's other requests fill its places at the gateway
+        (429 too-many-requests); every request here is safe to repeat (ids are ours)."""
         problem: str = ""
-        for attempt in range(TRIES):
+        busy_until = time.monotonic() + BUSY_WAIT_S
+        attempt = 0
+        while attempt < TRIES:
             base = self.urls[self._current % len(self.urls)]
             try:
                 response = self.http.request(method, base.rstrip("/") + path, **kwargs)
             except httpx.TransportError as exc:
                 problem = f"{base}: {type(exc).__name__}: {exc}"
             else:
+                if _busy(response) and time.monotonic() < busy_until:
+                    # the tenant's other requests fill its places: this one waits its turn
+                    time.sleep(float(response.headers.get("Retry-After", "1")))
+                    continue
                 if response.status_code < 500:
                     return response
                 problem = f"{base}: HTTP {response.status_code}"
             self._current += 1
             time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            attempt += 1
         raise FarmUnavailableError(", ".join(self.urls), f"no gateway answers ({problem})")
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -248,6 +259,17 @@ def _error(response: httpx.Response) -> Exception:
     if status == 401:
         return AuthError(f"the gateway refused the API key: {detail}")
     return FarmUnavailableError(str(response.url), f"HTTP {status}: {detail}")
+
+
+def _busy(response: httpx.Response) -> bool:
+    """The gateway's 429 for a tenant at its bound of requests at once (not a quota)."""
+    if response.status_code != 429:
+        return False
+    try:
+        kind = str(response.json().get("type", ""))
+    except ValueError:
+        return False
+    return kind.endswith("/too-many-requests")
 
 
 def _raise(response: httpx.Response) -> None:

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
+from producer.gateway_client import GatewayClient
 from producer.protocol import FarmScripts, connect
 from sandbox_core import JobResult, Status
 from tests.farmkit import farm_db  # noqa: F401
@@ -41,7 +42,8 @@ def tenants(farm_db: str, tmp_path_factory):  # noqa: F811
 
 def test_one_tenants_long_polls_leave_the_gateway_to_the_others(tenants: TenantFarm) -> None:
     gw = tenants.gateways[0]
-    flooder, other = api(gw, tenants.tenant("flooder")), api(gw, tenants.tenant("other"))
+    key = tenants.tenant("flooder")
+    flooder, other = api(gw, key), api(gw, tenants.tenant("other"))
     assert flooder.post("/v1/jobs", json={"id": "never-runs", "code": "1"}).status_code == 202
     bound = tenants.farm.settings.gateway_max_in_flight
     statuses: list[int] = []
@@ -74,11 +76,18 @@ def test_one_tenants_long_polls_leave_the_gateway_to_the_others(tenants: TenantF
         problem = flooder.get("/v1/usage", timeout=3)
         assert problem.status_code == 429 and problem.headers["Retry-After"] == "1", problem.text
         assert "at most" in problem.json()["detail"]
+        # the SDK waits its turn instead of failing
+        sdk = GatewayClient(gw.url, key)
+        started = time.monotonic()
+        usage = sdk.usage()
+        sdk_waited = time.monotonic() - started
+        sdk.close()
     finally:
         for thread in threads:
             thread.join(30)
     assert statuses.count(200) == bound, statuses  # the admitted waited their time out
     assert flooder.get("/v1/usage").status_code == 200  # the bound is of requests at once
+    assert usage and sdk_waited > 1.5, (usage, sdk_waited)  # its turn came when they ended
 
 
 def test_an_unknown_key_is_refused_before_its_body_is_read(tenants: TenantFarm) -> None:
