@@ -106,10 +106,8 @@ class Slot:
         return self._netns_fd
 
     def end_session(self) -> None:
-        """The session in this slot is over: its network namespace goes with it. A
-        namespace keeps what a job did on it after its processes are gone (TIME_WAIT
-        sockets for ~60 s, loopback's and TCP's counters, /proc/net's tables), and the
-        slot's next job, maybe another tenant's, must not find the last one's."""
+        """The session in this slot is over: its network namespace goes with it (why:
+        childsetup.new_network_namespace)."""
         if self._netns_fd is not None:
             os.close(self._netns_fd)  # the kernel frees it once no process is in it
             self._netns_fd = None

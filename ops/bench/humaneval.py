@@ -37,7 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,6 +261,27 @@ class Round:
     cpu: tuple[str, ...]  # where the CPU went, per sample: harness, batch, both bare
 
 
+@contextmanager
+def cpu_of(
+    label: str, n: int, lines: list[str], farm: tuple[int, int] | None = None, note: str = ""
+) -> Iterator[None]:
+    """Appends to ``lines`` where the CPU went per sample while the block ran: this
+    process and the children it reaped (with ``farm``, the worker's and Redis's pids: its
+    parts, and the reaped child as the CLI), then the whole host's busy and idle time."""
+    own, whole = this_process(), host()
+    parts = snapshot(*farm) if farm else {}
+    yield
+    if farm is None:
+        lines.append(f"{label}.{cpu_per_job(own, this_process(), n)}{note}")
+    else:
+        cli = (this_process()["jobs"] - own["jobs"]) / n
+        spent = cpu_per_job(parts, snapshot(*farm), n)
+        lines.append(
+            f"{label}.{spent} cli={cli:.2f}  (client: the bench; cli: `sandfarm batch run`)"
+        )
+    lines.append(f"{label}.{host_per_job(whole, host(), n)}")
+
+
 def one_round(
     index: int,
     args: argparse.Namespace,
@@ -272,31 +295,21 @@ def one_round(
     (their own id prefix: each round runs every job afresh), then bare, fresh and
     forked: back to back."""
     n = len(plain.read_text().splitlines())
-    before, host_before = this_process(), host()
-    harness_s, harness_out = timed(
-        [sys.executable, "-c", HARNESS, str(samples), str(args.concurrency)], env
-    )
-    cpu = [f"harness.{cpu_per_job(before, this_process(), n)}  (the harness and its forks)"]
-    cpu.append(f"harness.{host_per_job(host_before, host(), n)}")
-    before, host_before, farm_before = this_process(), host(), snapshot(*pids)
+    cpu: list[str] = []
+    harness_argv = [sys.executable, "-c", HARNESS, str(samples), str(args.concurrency)]
+    with cpu_of("harness", n, cpu, note="  (the harness and its forks)"):
+        harness_s, harness_out = timed(harness_argv, env)
     out = work / f"plain_results_{index}.jsonl"
     prefix = f"round{index}"
     batch_argv = [SANDFARM, "batch", "run", str(plain), "-o", str(out), "--no-progress"]
-    batch_s, _ = timed([*batch_argv, "--backend", args.backend, "--id-prefix", prefix], env)
-    farm = cpu_per_job(farm_before, snapshot(*pids), n)
-    cli = (this_process()["jobs"] - before["jobs"]) / n  # the CLI: a child the bench reaped
-    cpu.append(f"batch.{farm} cli={cli:.2f}  (client: the bench; cli: `sandfarm batch run`)")
-    cpu.append(f"batch.{host_per_job(host_before, host(), n)}")
+    with cpu_of("batch", n, cpu, farm=pids):
+        batch_s, _ = timed([*batch_argv, "--backend", args.backend, "--id-prefix", prefix], env)
     agree, total = agreeing(out, Path(f"{samples}_results.jsonl"), f"{prefix}:")
     phases = breakdown(map(JobResult.model_validate, read_results(out)), "batch_humaneval")
-    before, host_before = this_process(), host()
-    bare_s = fresh_bare(plain, args.concurrency)
-    cpu.append(f"fresh_bare.{cpu_per_job(before, this_process(), n)}")
-    cpu.append(f"fresh_bare.{host_per_job(host_before, host(), n)}")
-    before, host_before = this_process(), host()
-    fork_s = fork_bare(plain, args.concurrency)
-    cpu.append(f"fork_bare.{cpu_per_job(before, this_process(), n)}")
-    cpu.append(f"fork_bare.{host_per_job(host_before, host(), n)}")
+    with cpu_of("fresh_bare", n, cpu):
+        bare_s = fresh_bare(plain, args.concurrency)
+    with cpu_of("fork_bare", n, cpu):
+        fork_s = fork_bare(plain, args.concurrency)
     harness_k = json.loads(harness_out)
     return Round(
         index, harness_s, harness_k, batch_s, bare_s, fork_s, agree, total, phases, tuple(cpu)

@@ -47,10 +47,11 @@ class Admission:
             await self._answer(scope, send, exc.problem, exc.headers)
             return
         except redis.RedisError:
-            unavailable = ProblemError(
-                503, "unavailable", "Unavailable", "the farm's store is away"
+            detail = "the farm's store is away"
+            problem = Problem(
+                type=TYPES + "unavailable", title="Unavailable", status=503, detail=detail
             )
-            await self._answer(scope, send, unavailable.problem, {})
+            await self._answer(scope, send, problem, {})
             return
         now = self.in_flight.get(tenant, 0)
         if now >= self.per_tenant:

@@ -88,6 +88,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
+        # readyz's ping has threads of its own: never behind the handlers'
+        app.state.health_threads = anyio.CapacityLimiter(2)
         ticker = asyncio.create_task(_dispatching(farm))
         try:
             yield
@@ -107,9 +109,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, problems.on_http_error)
     app.include_router(router)
 
-    # Health answers on the event loop and its own threads: never behind the handlers'.
-    health_threads: list[anyio.CapacityLimiter] = []
-
     @app.get("/healthz", response_model=Health, summary="The process is up")
     async def healthz() -> Health:
         return Health(status="ok")
@@ -121,10 +120,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="The farm's Redis answers",
     )
     async def readyz(request: Request) -> Health | JSONResponse:
-        if not health_threads:
-            health_threads.append(anyio.CapacityLimiter(2))
+        threads = request.app.state.health_threads
         try:
-            await anyio.to_thread.run_sync(farm_of(request).redis.ping, limiter=health_threads[0])
+            await anyio.to_thread.run_sync(farm_of(request).redis.ping, limiter=threads)
         except Exception:
             return problems.response(
                 problems.Problem(

@@ -176,7 +176,7 @@ def _final(who: Caller, job_id: str) -> JobResult:
 def get_results(body: ResultsRequest, who: Who) -> Results:
     with _translated():
         ids = list(dict.fromkeys(body.ids))
-        found, withheld = who.jobs.results_within(ids, _reply_bytes(who))
+        found, _ = who.jobs.results_within(ids, _reply_bytes(who))
         pending = [i for i in ids if i not in found]
         deadline = time.monotonic() + body.wait
         while pending and not found and time.monotonic() < deadline:
@@ -186,13 +186,14 @@ def get_results(body: ResultsRequest, who: Who) -> Results:
                 # in another request, and the client polls again at once.
                 if not who.jobs.done(who.done_key, None, min(left, 5.0), MAX_IDS_PER_REQUEST):
                     continue
-                found, withheld = who.jobs.results_within(pending, _reply_bytes(who))
+                found, _ = who.jobs.results_within(pending, _reply_bytes(who))
                 pending = [i for i in pending if i not in found]
                 break
             time.sleep(min(left, 0.2))
-            found, withheld = who.jobs.results_within(pending, _reply_bytes(who))
+            found, _ = who.jobs.results_within(pending, _reply_bytes(who))
             pending = [i for i in pending if i not in found]
-        known = set(withheld) | (who.jobs.known(pending) if pending else set())
+        # final but over the reply's bound: stored, so known, and listed pending
+        known = who.jobs.known(pending) if pending else set()
         return Results(
             results=list(found.values()),
             pending=[i for i in pending if i in known],
