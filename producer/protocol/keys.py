@@ -98,6 +98,9 @@ class Keys:
     def vclock(self) -> str:  # the virtual time of the last dispatch
         return f"{self.prefix}vclock"
 
+    def charged(self, name: str) -> str:  # hash qid -> "charge weight": held until stored
+        return f"{self.prefix}charged:{name}"
+
     def bucket(self, name: str) -> str:  # hash tokens, ts: the submission rate
         return f"{self.prefix}bucket:{name}"
 

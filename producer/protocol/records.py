@@ -41,6 +41,9 @@ class JobState(_Record):
     at: datetime
     notify: str | None = None
     spec: str = ""
+    # the slot time it may hold (its timeout): dispatch charges its tenant that much
+    # virtual time, and the stored result's run time replaces the charge (lib_store)
+    slot_s: float | None = None
 
 
 class RunningRecord(_Record):

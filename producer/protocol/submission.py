@@ -67,7 +67,7 @@ def prepare(
         time_limit=spec.limits.timeout_s + margins.HARD_LIMIT_MARGIN_S,
         soft_time_limit=spec.limits.timeout_s + margins.SOFT_LIMIT_MARGIN_S,
     )
-    state = JobState(at=now, notify=notify, spec=digest).dump()
+    state = JobState(at=now, notify=notify, spec=digest, slot_s=spec.limits.timeout_s).dump()
     return Prepared(spec.id, Submission(qid, digest, state, message))
 
 

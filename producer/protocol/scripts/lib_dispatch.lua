@@ -5,9 +5,13 @@
 -- Room: the slots of the online workers consuming the queue (fresh heartbeats), plus a
 -- small margin, minus the jobs already dispatched and not final (active). Choice: among
 -- the tenants with waiting jobs and under their max_running, the lowest virtual time
--- (work received / weight); a dispatch adds 1/weight to its tenant's. A tenant that had
--- nothing waiting or running starts at the farm's clock (the last dispatch's time), so
--- an idle tenant never saves up a burst. Keys are built from the prefix (one Redis).
+-- (slot seconds received / weight). A dispatch charges its tenant the job's timeout (the
+-- slot time it may hold: a job's length is known only once it has run), and its stored
+-- result replaces the charge with the time it held its slot (charge_for_run, lib_store),
+-- so a tenant of hour-long jobs and one of second-long jobs each get half the slots'
+-- time, not half the dispatches. A tenant that had nothing waiting or running starts at
+-- the farm's clock (the last dispatch's time), so an idle tenant never saves up a burst.
+-- Keys are built from the prefix (one Redis).
 local function now_s()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -28,6 +32,46 @@ local function slots_of(prefix, queue, now)
     end
   end
   return slots
+end
+
+-- Every job costs at least this much slot time (s): one that ends at once (cancelled,
+-- rejected, `true`) still took a dispatch, a delivery and a store.
+local MIN_CHARGE_S = 0.01
+
+-- The slot time a dispatched job may hold: its timeout, from its state record.
+local function slot_s_of(prefix, qid)
+  local ok, s = pcall(cjson.decode, redis.call('GET', prefix .. 'job:' .. qid) or '')
+  local slot = ok and type(s) == 'table' and tonumber(s.slot_s)
+  return math.max(slot or 1, MIN_CHARGE_S)  -- a record without one: an older producer's
+end
+
+-- Charge ``tenant`` for dispatching ``qid`` at virtual time ``v`` (weight ``w``); the
+-- charge is kept (charged:<tenant>, qid -> "charge weight") until the job's result is
+-- stored, long enough for the job to be delivered and run to its timeout.
+local function charge(prefix, tenant, qid, v, w, expiry_s)
+  local slot = slot_s_of(prefix, qid)
+  local charged = prefix .. 'charged:' .. tenant
+  redis.call('HSET', prefix .. 'vtime', tenant, v + slot / w)
+  redis.call('HSET', charged, qid, string.format('%.17g %.17g', slot / w, w))
+  local keep = math.ceil(2 * expiry_s + slot)
+  if redis.call('TTL', charged) < keep then redis.call('EXPIRE', charged, keep) end
+end
+
+-- A job is final: its tenant's charge becomes the slot time it held (``held_s``, at
+-- least MIN_CHARGE_S, by the weight it was charged at). Only a job charged and not yet
+-- settled counts (HDEL: once, whatever a redelivery stores later); never below 0 (the
+-- virtual times may have expired meanwhile, a farm idle past their TTL).
+local function charge_for_run(prefix, tenant, qid, held_s)
+  local charged = prefix .. 'charged:' .. tenant
+  local raw = redis.call('HGET', charged, qid)
+  if not raw or redis.call('HDEL', charged, qid) == 0 then return end
+  local paid, w = string.match(raw, '^(%S+) (%S+)$')
+  paid, w = tonumber(paid), tonumber(w)
+  if not paid or not w or w <= 0 then return end
+  local vtime = prefix .. 'vtime'
+  local v = tonumber(redis.call('HGET', vtime, tenant) or '0')
+  local due = math.max(tonumber(held_s) or 0, MIN_CHARGE_S) / w
+  redis.call('HSET', vtime, tenant, math.max(0, v - paid + due))
 end
 
 local function policy_of(prefix, tenant)
@@ -136,7 +180,7 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
         end
         redis.call('ZADD', mine, now + expiry_s, qid)
         redis.call('ZADD', active, now + expiry_s, qid)
-        redis.call('HSET', prefix .. 'vtime', best, best_v + 1 / best_w)
+        charge(prefix, best, qid, best_v, best_w, expiry_s)
         redis.call('SET', prefix .. 'vclock', best_v)
         moved = moved + 1
         room = room - 1

@@ -88,8 +88,13 @@ if new > 0 then
   end
   redis.call('ZREMRANGEBYSCORE', jobs, '-inf', now - ttl)
   redis.call('SADD', prefix .. 'ready', tenant)
-  for _, key in ipairs({jobs, pending, prefix .. 'ready', prefix .. 'vtime'}) do
-    redis.call('EXPIRE', key, ttl)  -- refreshed while in use; gone once the farm is idle
+  -- refreshed while in use; gone once the farm is idle. The farm's own keys (every
+  -- tenant's) only ever get longer: a tenant whose jobs live a minute must not make
+  -- another's waiting jobs vanish from dispatch's view (ready) a minute later.
+  redis.call('EXPIRE', jobs, ttl)
+  redis.call('EXPIRE', pending, ttl)
+  for _, key in ipairs({prefix .. 'ready', prefix .. 'vtime'}) do
+    if redis.call('TTL', key) < ttl then redis.call('EXPIRE', key, ttl) end
   end
 end
 dispatch(prefix, queue, margin, math.max(new, 1), expiry)
