@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from producer.protocol import FarmScripts, Settings, stats
+from producer.protocol import FarmScripts, Settings, result_fields, stats
 from producer.protocol.scripts import loads
 from producer.protocol.submission import prepare, submit
 from producer.protocol.tenant_store import TenantStore, text
@@ -20,6 +20,7 @@ from sandbox_core import JobResult, JobSpec, Status
 from sandbox_core.errors import PolicyError, SpecError
 
 DEFAULT_BATCH = 1000
+LISTING_SCAN = 2000  # jobs one listing call looks at, at most (a few MB read from Redis)
 
 
 class TenantJobs:
@@ -117,12 +118,14 @@ class TenantJobs:
         submitted by this tenant, or its result expired)."""
         qid = self.qid(job_id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.get(self.keys.result(qid))
+        pipe.exists(self.keys.result(qid))
         pipe.exists(self.keys.running(qid))
         pipe.exists(self.keys.job(qid))
         result, running, known = pipe.execute()
-        if result is not None:
-            return str(JobResult.model_validate_json(result).status.value)
+        if result:
+            done = result_fields.summaries(self.redis, [self.keys.result(qid)])[0]
+            if done is not None:
+                return done[0]
         return "running" if running else "queued" if known else "unknown"
 
     def known(self, ids: Sequence[str]) -> set[str]:
@@ -200,11 +203,15 @@ class TenantJobs:
     ) -> tuple[list[dict[str, object]], tuple[float, str] | None]:
         """This tenant's jobs, newest first, after the cursor ``after`` (the submit time
         and id of the last one seen: jobs of one batch share a time), filtered by status
-        and (finished jobs') label; returns (jobs, the next cursor, or None at the end)."""
+        and (finished jobs') label; returns (jobs, the next cursor, or None at the end).
+        One call looks at most LISTING_SCAN jobs: a filter that matches few of them
+        returns a short page (even an empty one) with a cursor to look further."""
         top: str = repr(after[0]) if after is not None else "+inf"
         found: list[dict[str, object]] = []
-        skip = 0
+        skip = scanned = 0
         while True:
+            if scanned >= LISTING_SCAN:
+                return found, after
             raw: Any = self.redis.zrevrangebyscore(
                 self.keys.joblist(self.tenant), top, "-inf", start=skip, num=200, withscores=True
             )
@@ -220,11 +227,12 @@ class TenantJobs:
                 skip += len(raw)
                 continue
             skip = 0
-            results = self.results([job_id for job_id, _ in page])
-            for job_id, score in page:
-                result = results.get(job_id)
-                job_status = result.status.value if result else self.state(job_id)
-                labels = result.labels if result else {}
+            scanned += len(page)
+            done = result_fields.summaries(
+                self.redis, [self.keys.result(self.qid(job_id)) for job_id, _ in page]
+            )
+            for (job_id, score), summary in zip(page, done, strict=True):
+                job_status, labels = summary or (self.state(job_id), {})
                 after = (score, job_id)
                 if (status and job_status != status) or (
                     label and labels.get(label[0]) != label[1]

@@ -77,7 +77,9 @@ class JobSummary(BaseModel):
 
 class JobPage(BaseModel):
     jobs: list[JobSummary]
-    next: str | None = Field(None, description="the cursor of the next page")
+    next: str | None = Field(
+        None, description="the cursor of the next page (null at the end; a page may be short)"
+    )
 
 
 class Usage(BaseModel):

@@ -146,3 +146,63 @@ def test_a_reply_of_many_results_is_bounded_and_the_rest_come_next(tenants: Tena
         assert len(reply["results"]) == 1
         announced.append(reply["results"][0]["id"])
     assert announced == ids and client.get("/v1/completions").json()["results"] == []
+
+
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        lines = status.read().splitlines()
+    for line in lines:
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_listing_reads_no_result_whole_and_looks_at_a_bounded_number_of_jobs(
+    tenants: TenantFarm,
+) -> None:
+    """A page of 40 jobs whose results are 2 MB each: the listing's statuses and labels
+    come from a few KB of each result, so the gateway's peak memory does not move; and a
+    filter that matches nothing returns a short page with a cursor, not a walk of the
+    tenant's whole job list in one request."""
+    gw, settings = tenants.gateways[0], tenants.farm.settings
+    client = api(gw, tenants.tenant("lister"))
+    ids = [f"l-{i}" for i in range(40)]
+    reply = client.post("/v1/jobs/batch", json={"jobs": [{"id": i, "code": "1"} for i in ids]})
+    assert reply.status_code == 202, reply.text
+    redis = connect(settings.redis_url)
+    scripts = FarmScripts(redis, settings)
+    for n, job_id in enumerate(ids):
+        status = Status.SUCCEEDED if n % 2 else Status.FAILED
+        big = JobResult(id=job_id, status=status, message="x" * 2_000_000, labels={"n": str(n)})
+        assert scripts.store_result(big, None, f"lister/{job_id}", "lister")
+    # the attack's material: 80 MB of results behind one page
+    assert sum(redis.strlen(settings.keys.result(f"lister/{i}")) for i in ids) > 80_000_000
+    before = peak_rss_mb(gw.proc.pid)
+
+    page = client.get("/v1/jobs", params={"limit": 50}).json()
+
+    grew = peak_rss_mb(gw.proc.pid) - before
+    assert page["next"] is None and len(page["jobs"]) == 40
+    for job in page["jobs"]:
+        n = int(job["id"].removeprefix("l-"))
+        assert job["labels"] == {"n": str(n)}
+        assert job["status"] == ("succeeded" if n % 2 else "failed")
+    assert grew < 20, f"the gateway's peak memory grew {grew:.0f} MB for one listing"
+    assert client.get("/v1/jobs/l-1").json()["status"] == "succeeded"
+    filtered = client.get("/v1/jobs", params={"label": "n=7"}).json()
+    assert [job["id"] for job in filtered["jobs"]] == ["l-7"]
+
+    # 2,500 more jobs, none of them a match: the first call looks at 2,000 and says where
+    # to go on; following the cursor reaches the end, and the match
+    more = [{"id": f"m-{i}", "code": "1"} for i in range(2500)]
+    for start in range(0, len(more), 500):
+        reply = client.post("/v1/jobs/batch", json={"jobs": more[start : start + 500]})
+        assert reply.status_code == 202, reply.text
+    first = client.get("/v1/jobs", params={"label": "n=7"}).json()
+    assert first["jobs"] == [] and first["next"] is not None
+    pages, cursor, found = 1, first["next"], []
+    while cursor is not None:
+        page = client.get("/v1/jobs", params={"label": "n=7", "cursor": cursor}).json()
+        found += [job["id"] for job in page["jobs"]]
+        cursor, pages = page["next"], pages + 1
+    assert found == ["l-7"] and pages == 2
