@@ -116,17 +116,21 @@ class TenantJobs:
     def state(self, job_id: str) -> str:
         """Where a job is: its final status, "running", "queued", or "unknown" (never
         submitted by this tenant, or its result expired)."""
-        qid = self.qid(job_id)
+        done = result_fields.summaries(self.redis, [self.keys.result(self.qid(job_id))])[0]
+        return done[0] if done is not None else self._where([job_id])[job_id]
+
+    def _where(self, ids: Sequence[str]) -> dict[str, str]:
+        """ "running", "queued" or "unknown" for each of ``ids`` (jobs with no result), in
+        one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.exists(self.keys.result(qid))
-        pipe.exists(self.keys.running(qid))
-        pipe.exists(self.keys.job(qid))
-        result, running, known = pipe.execute()
-        if result:
-            done = result_fields.summaries(self.redis, [self.keys.result(qid)])[0]
-            if done is not None:
-                return done[0]
-        return "running" if running else "queued" if known else "unknown"
+        for job_id in ids:
+            pipe.exists(self.keys.running(self.qid(job_id)))
+            pipe.exists(self.keys.job(self.qid(job_id)))
+        flags = pipe.execute()
+        return {
+            job_id: "running" if running else "queued" if known else "unknown"
+            for job_id, running, known in zip(ids, flags[::2], flags[1::2], strict=True)
+        }
 
     def known(self, ids: Sequence[str]) -> set[str]:
         """Those of ``ids`` the farm holds a record of for this tenant (one round trip)."""
@@ -231,8 +235,11 @@ class TenantJobs:
             done = result_fields.summaries(
                 self.redis, [self.keys.result(self.qid(job_id)) for job_id, _ in page]
             )
+            where = self._where(
+                [job_id for (job_id, _), d in zip(page, done, strict=True) if d is None]
+            )
             for (job_id, score), summary in zip(page, done, strict=True):
-                job_status, labels = summary or (self.state(job_id), {})
+                job_status, labels = summary or (where[job_id], {})
                 after = (score, job_id)
                 if (status and job_status != status) or (
                     label and labels.get(label[0]) != label[1]

@@ -147,6 +147,9 @@ class TenantStore:
             pipe.zrem(listing, *qids)
             pipe.execute()
         self.redis.delete(listing, self.keys.bucket(name), self.keys.charged(name))
+        # its place in fair share: a team added later under the name starts at the clock,
+        # not behind the charges of jobs the purge left running
+        self.redis.hdel(self.keys.vtime, name)
 
     # --- API keys -----------------------------------------------------------------
 

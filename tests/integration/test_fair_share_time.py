@@ -176,9 +176,8 @@ def test_a_charge_is_settled_once_and_never_left_behind(sim) -> None:
     assert not sim.scripts.store_result(second, None, qid, "solo")
     assert float(sim.redis.hget(keys.vtime, "solo")) == pytest.approx(after)
 
-    # a job cancelled before it ran costs the floor, not its timeout
-    other = sim.take()
-    assert other is not None
+    # a job cancelled before it began costs the floor, not its timeout
+    other = json.loads(sim.redis.lindex(sim.settings.queue, -1))["headers"]["id"]
     cancelled = JobResult(id=other.partition("/")[2], status=Status.CANCELLED)
     assert sim.scripts.store_result(cancelled, None, other, "solo")
     assert float(sim.redis.hget(keys.vtime, "solo")) == pytest.approx(after - 600 + 0.01)
@@ -200,3 +199,39 @@ def test_a_tenant_of_short_lived_jobs_does_not_shorten_anothers_wait(redis_url: 
         assert farm.redis.smembers(keys.ready) == {b"patient", b"hasty"}
         assert farm.redis.ttl(keys.ready) > 7 * 86400 - 60
         farm.redis.close()
+
+
+def test_slot_time_the_worker_could_not_measure_is_charged_whole(sim) -> None:
+    """A job ended by a time limit, or one that killed its worker, has no run time in its
+    result: it is charged its whole timeout, and one more for each earlier attempt (a
+    review's finding: such jobs were charged the 10 ms floor, and a tenant whose jobs all
+    ended so held 99% of the farm at equal virtual time)."""
+    jobs = sim.tenant("limits", Policy())
+    sim.submit(jobs, 2, timeout_s=600)
+    keys = sim.settings.keys
+    vtime = float(sim.redis.hget(keys.vtime, "limits"))
+    assert vtime == pytest.approx(1200)
+
+    limited = sim.take()  # ended by Celery's time limit: no run_ms
+    assert limited is not None
+    result = JobResult(id=limited.partition("/")[2], status=Status.TIMED_OUT)
+    assert sim.scripts.store_result(result, None, limited, "limits")
+    assert float(sim.redis.hget(keys.vtime, "limits")) == pytest.approx(1200)
+
+    killer = sim.take()  # began three times: its first two slots died with it
+    assert killer is not None
+    for _ in range(2):
+        assert sim.scripts.begin_attempt(killer, RUNNING, 600, "again") is not None
+    result = JobResult(id=killer.partition("/")[2], status=Status.ERROR)
+    result.timings.run_ms = 5_000
+    assert sim.scripts.store_result(result, None, killer, "limits")
+    assert float(sim.redis.hget(keys.vtime, "limits")) == pytest.approx(1200 - 600 + 5 + 1200)
+
+
+def test_a_purged_tenants_name_starts_afresh(sim) -> None:
+    gone = sim.tenant("gone", Policy())
+    sim.submit(gone, 2, timeout_s=3600)
+    assert float(sim.redis.hget(sim.settings.keys.vtime, "gone")) == pytest.approx(7200)
+    gone.tenants.remove("gone", sim.scripts, purge=True)
+    assert not sim.redis.hexists(sim.settings.keys.vtime, "gone")
+    assert not sim.redis.exists(sim.settings.keys.charged("gone"))

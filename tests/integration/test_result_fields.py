@@ -28,15 +28,20 @@ def test_status_and_labels_match_the_whole_result(redis_url: str) -> None:
             JobResult(id="tricky", status=Status.FAILED, message=TRICKY, labels={"x": TRICKY}),
             JobResult(id="long", status=Status.TIMED_OUT, labels=longest),
             JobResult(id="none", status=Status.CANCELLED),
+            # a label named "labels" (a review found the first parser then read it whole)
+            JobResult(id="named", status=Status.SUCCEEDED, labels={"team": "a", "labels": "x"}),
         ]
         keys = [f"{tag}:{res.id}" for res in results]
         for key, res in zip(keys, results, strict=True):
             r.set(key, res.model_dump_json())
         assert r.strlen(keys[2]) > 4 * TAIL_BYTES  # read again, longer
-        r.set(f"{tag}:old", '{"labels": {"o": "1"}, "status": "error"}')  # another layout
+        # another layout: read whole while small; when big, its status alone (if shown)
+        r.set(f"{tag}:old", '{"labels": {"o": "1"}, "status": "error"}')
+        big_old = '{"id":"b","status":"failed","message":"' + "x" * 1_000_000 + '"}'
+        r.set(f"{tag}:big-old", big_old)
 
-        got = summaries(r, [*keys, f"{tag}:old", f"{tag}:missing"])
+        got = summaries(r, [*keys, f"{tag}:old", f"{tag}:big-old", f"{tag}:missing"])
 
         expected = [(res.status.value, res.labels) for res in results]
-        assert got == [*expected, ("error", {"o": "1"}), None]
+        assert got == [*expected, ("error", {"o": "1"}), ("failed", {}), None]
         r.close()

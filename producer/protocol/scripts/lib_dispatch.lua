@@ -57,10 +57,13 @@ local function charge(prefix, tenant, qid, v, w, expiry_s)
   if redis.call('TTL', charged) < keep then redis.call('EXPIRE', charged, keep) end
 end
 
--- A job is final: its tenant's charge becomes the slot time it held (``held_s``, at
--- least MIN_CHARGE_S, by the weight it was charged at). Only a job charged and not yet
--- settled counts (HDEL: once, whatever a redelivery stores later); never below 0 (the
--- virtual times may have expired meanwhile, a farm idle past their TTL).
+-- A job is final: its tenant's charge becomes the slot time it held, by the weight it
+-- was charged at: ``held_s`` as its worker measured it (at least MIN_CHARGE_S); its
+-- whole timeout when the worker could not say (a soft or hard time limit, a job that
+-- killed its worker); nothing more than the floor if it never began (cancelled while
+-- queued); and a whole timeout more for each earlier attempt, whose slot died with it.
+-- Only a job charged and not yet settled counts (HDEL: once, whatever a redelivery
+-- stores later); never below 0 (the virtual times may have expired meanwhile).
 local function charge_for_run(prefix, tenant, qid, held_s)
   local charged = prefix .. 'charged:' .. tenant
   local raw = redis.call('HGET', charged, qid)
@@ -68,10 +71,15 @@ local function charge_for_run(prefix, tenant, qid, held_s)
   local paid, w = string.match(raw, '^(%S+) (%S+)$')
   paid, w = tonumber(paid), tonumber(w)
   if not paid or not w or w <= 0 then return end
+  local slot = paid * w
+  local attempts = tonumber(redis.call('GET', prefix .. 'attempts:' .. qid) or '0')
+  local held = MIN_CHARGE_S
+  if attempts > 0 then
+    held = math.max(tonumber(held_s) or slot, MIN_CHARGE_S) + (attempts - 1) * slot
+  end
   local vtime = prefix .. 'vtime'
   local v = tonumber(redis.call('HGET', vtime, tenant) or '0')
-  local due = math.max(tonumber(held_s) or 0, MIN_CHARGE_S) / w
-  redis.call('HSET', vtime, tenant, math.max(0, v - paid + due))
+  redis.call('HSET', vtime, tenant, math.max(0, v - paid + held / w))
 end
 
 local function policy_of(prefix, tenant)

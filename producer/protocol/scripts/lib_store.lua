@@ -62,7 +62,7 @@ local function store(K, A, token, token_ttl)
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)
-      charge_for_run(prefix, tenant, qid, A[18])
+      charge_for_run(prefix, tenant, qid, A[17] ~= '' and A[18] or nil)  -- '': not measured
       dispatch(prefix, A[12], tonumber(A[13]), 2, tonumber(A[14]))
     end
     return 1
