@@ -146,7 +146,7 @@ class TenantStore:
                 )
             pipe.zrem(listing, *qids)
             pipe.execute()
-        self.redis.delete(listing, self.keys.bucket(name))
+        self.redis.delete(listing, self.keys.bucket(name), self.keys.queued(name))
 
     # --- API keys -----------------------------------------------------------------
 
