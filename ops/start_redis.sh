@@ -8,6 +8,9 @@
 # host's filesystem, as unprivileged slot uids. Existing data is made private too.
 # SANDFARM_REDIS_PASSWORD, when set, becomes its requirepass (needed once Redis is
 # reachable from a network: clients then use redis://:PASSWORD@host:port/0).
+# Its memory is bounded (SANDFARM_REDIS_MAXMEMORY, e.g. 8gb; default half this host's
+# memory) and, once full, it refuses writes (noeviction) rather than evict keys: eviction
+# would lose queued jobs and stored results without a word.
 set -euo pipefail
 port=${1:?usage: ops/start_redis.sh PORT [DIR]}
 dir=${2:-}
@@ -21,7 +24,9 @@ umask 077
 mkdir -p "$dir"
 chmod 0700 "$dir"
 chmod -R go-rwx "$dir"
-echo "[start_redis] redis-server on 127.0.0.1:$port (AOF in $dir, mode 0700)" >&2
+maxmemory=${SANDFARM_REDIS_MAXMEMORY:-$(awk '/^MemTotal:/ {print int($2 / 2) "kb"}' /proc/meminfo)}
+echo "[start_redis] redis-server on 127.0.0.1:$port (AOF in $dir, mode 0700," \
+  "maxmemory $maxmemory, noeviction)" >&2
 auth=()
 if [ -n "${SANDFARM_REDIS_PASSWORD:-}" ]; then
   # through a private config file, so the password is not on a command line (ps)
@@ -29,4 +34,5 @@ if [ -n "${SANDFARM_REDIS_PASSWORD:-}" ]; then
   auth=("$dir/auth.conf")
 fi
 redis-server "${auth[@]}" --daemonize yes --bind 127.0.0.1 --port "$port" --save "" \
-  --appendonly yes --appendfsync everysec --dir "$dir" --logfile "$dir/redis.log"
+  --appendonly yes --appendfsync everysec --dir "$dir" --logfile "$dir/redis.log" \
+  --maxmemory "$maxmemory" --maxmemory-policy noeviction

@@ -41,8 +41,11 @@ if TYPE_CHECKING:  # Celery is imported where it is used: ~120 ms of every CLI s
 
 __all__ = ["DEFAULT_BATCH", "FarmClient", "compact_spec"]
 # The trusted tenant is made (when missing) for batch use: a deep queue. Each waiting
-# job holds about 1-2 KB of Redis memory; an operator may lower it (tenant set).
+# job holds about 1-2 KB of Redis memory, so a full queue fits its bytes bound with room
+# for jobs with files; its results a day: a million of 16 KB. An operator may lower any
+# of these (tenant set).
 TRUSTED_MAX_QUEUED = 1_000_000
+TRUSTED_POLICY = Policy(max_queued=TRUSTED_MAX_QUEUED, max_queued_mb=4096, result_mb_per_day=16384)
 LOST_CHECK_S = 10.0  # while a wait is idle, look this often for jobs the farm forgot
 
 
@@ -93,9 +96,10 @@ class FarmClient:
         the result TTL) with the same spec, or repeated in ``specs``, is returned but not
         sent again; an id taken by a different spec raises IdConflictError once the rest
         are sent (its ``submitted`` lists their ids). Over the tenant's rate or queue it
-        waits and sends again; over its CPU budget: QuotaError.
+        waits and sends again (a chunk over its bytes bound on its own, in parts); over
+        its CPU or result budget, or for a job alone over that bound: QuotaError.
         """
-        policy = self.jobs.tenants.ensure(self.tenant, Policy(max_queued=TRUSTED_MAX_QUEUED))
+        policy = self.jobs.tenants.ensure(self.tenant, TRUSTED_POLICY)
         ids: list[str] = []
         conflicts: list[str] = []
         chunk: dict[str, JobSpec] = {}
@@ -133,10 +137,13 @@ class FarmClient:
             except IdConflictError as exc:
                 return exc.conflicts
             except QuotaError as exc:
-                if exc.reason == "budget":
+                too_big = exc.reason == "queue_bytes" and "alone" in str(exc)
+                if exc.reason == "budget" or (too_big and len(specs) == 1):
                     raise
                 burst = int(policy.bucket[1]) if policy.bucket else len(specs)
-                if exc.reason == "rate" and len(specs) > max(burst, 1):
+                if too_big:
+                    burst = (len(specs) + 1) // 2
+                if (exc.reason == "rate" or too_big) and len(specs) > max(burst, 1):
                     return [
                         conflict
                         for start in range(0, len(specs), burst)

@@ -129,14 +129,15 @@ class GatewayClient:
             if response.status_code == 429:
                 error = _error(response)
                 assert isinstance(error, QuotaError)
-                full += error.reason == "queue_full"
+                full += error.reason in ("queue_full", "queue_bytes")
                 over_burst = error.reason == "rate" and "burst" in str(error)
-                if len(unique) > 1 and (over_burst or full >= FULL_TRIES):
+                too_big = error.reason == "queue_bytes" and "alone" in str(error)
+                if len(unique) > 1 and (over_burst or too_big or full >= FULL_TRIES):
                     half = len(unique) // 2  # maybe more than could ever pass: in halves
                     self._send(unique[:half], ids, conflicts)
                     self._send(unique[half:], ids, conflicts)
                     return
-                if error.reason == "budget":
+                if error.reason == "budget" or too_big:
                     raise error
                 time.sleep(error.retry_after_s)
                 continue

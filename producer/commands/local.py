@@ -150,12 +150,50 @@ def doctor(as_json: bool) -> None:
 
 
 def _farm_checks(redis_url: str) -> list[dict[str, object]]:
-    """What the farm's own parts give: a Redis that asks for a password."""
+    """What the farm's own parts give: a Redis that asks for a password, and one whose
+    memory is bounded without eviction."""
     from producer.protocol.connection import auth_problem, redact
 
     problem = auth_problem(redis_url)
     detail = problem or f"{redact(redis_url)} asks for credentials (or is not reachable)"
-    return [{"name": "redis password", "active": problem is None, "detail": detail}]
+    return [
+        {"name": "redis password", "active": problem is None, "detail": detail},
+        _memory_check(redis_url),
+    ]
+
+
+def _memory_check(redis_url: str) -> dict[str, object]:
+    """Tenants' quotas bound each one's bytes in Redis, not the sum: a Redis with no
+    maxmemory grows until the host's OOM killer ends it, and one that evicts when full
+    drops queued jobs and results without a word (noeviction refuses writes instead)."""
+    import redis
+
+    from producer.protocol.connection import connect, redact
+
+    name = "redis maxmemory"
+    try:
+        client = connect(redis_url, patient=False)
+        try:
+            config = {str(k): str(v) for k, v in client.config_get("maxmemory*").items()}
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        return {"name": name, "active": False, "detail": f"not known (CONFIG GET: {exc})"}
+    limit, policy = int(config.get("maxmemory", "0")), config.get("maxmemory-policy", "")
+    fix = "ops/start_redis.sh sets both: SANDFARM_REDIS_MAXMEMORY"
+    if limit == 0:
+        detail = (
+            f"Redis at {redact(redis_url)} has no maxmemory: it grows until the host runs"
+            f" out of memory; set maxmemory with maxmemory-policy noeviction ({fix})"
+        )
+    elif policy != "noeviction":
+        detail = (
+            f"maxmemory {limit // 2**20} MiB with maxmemory-policy {policy}: when full, keys"
+            f" (queued jobs, results) vanish without a word; set noeviction ({fix})"
+        )
+    else:
+        detail = f"maxmemory {limit // 2**20} MiB, noeviction: when full, writes are refused"
+    return {"name": name, "active": limit > 0 and policy == "noeviction", "detail": detail}
 
 
 @click.command()

@@ -46,6 +46,7 @@ def policy_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--weight", type=float, help="fair share against other tenants [1]"),
         click.option("--max-running", type=int, help="jobs dispatched at once [no cap]"),
         click.option("--max-queued", type=int, help="jobs waiting at once [100000]"),
+        click.option("--max-queued-mb", type=int, help="MiB the jobs waiting may hold [1024]"),
         click.option("--rate", type=float, help="submissions per second [no limit]"),
         click.option("--burst", type=int, help="rate bucket size [2 s of rate]"),
         click.option("--backends", help="allowed backends, comma-separated [all]"),
@@ -53,6 +54,7 @@ def policy_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--network/--no-network", default=None, help="may ask for network"),
         click.option("--result-ttl", "result_ttl_s", type=int, help="result lifetime, seconds"),
         click.option("--cpu-budget-s-per-day", type=float, help="CPU seconds a day [none]"),
+        click.option("--result-mb-per-day", type=int, help="MiB of results a day [4096]"),
     ]
     for option in reversed(options):
         func = option(func)
@@ -125,7 +127,8 @@ def list_(redis_url: str | None) -> None:
         policy = store.policy(name)
         click.echo(
             f"{name:<32} weight {policy.weight:g}  max_running {policy.max_running or '-'}"
-            f"  max_queued {policy.max_queued}  keys {len(store.key_ids(name))}"
+            f"  max_queued {policy.max_queued} ({policy.max_queued_mb} MiB)"
+            f"  keys {len(store.key_ids(name))}"
         )
 
 

@@ -56,8 +56,9 @@ class TenantError(FarmError, ValueError):
 
 
 class QuotaError(FarmError, RuntimeError):
-    """A tenant's quota refused a submission: ``reason`` ("rate", "queue_full", "budget")
-    and how long to wait before trying again (``retry_after_s``), nothing accepted."""
+    """A tenant's quota refused a submission: ``reason`` ("rate", "queue_full",
+    "queue_bytes", "budget": CPU or result bytes) and how long to wait before trying
+    again (``retry_after_s``), nothing accepted."""
 
     def __init__(self, tenant: str, reason: str, message: str, retry_after_s: float) -> None:
         self.tenant = tenant

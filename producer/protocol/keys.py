@@ -79,6 +79,9 @@ class Keys:
     def message(self, qid: str) -> str:  # a waiting job's Celery message, TTL
         return f"{self.prefix}msg:{qid}"
 
+    def queued(self, name: str) -> str:  # hash qid -> bytes, and 'total': lib_queued.lua
+        return f"{self.prefix}queued:{name}"
+
     @property
     def ready(self) -> str:  # set of tenants with pending jobs
         return f"{self.prefix}ready"

@@ -2,7 +2,7 @@
 
 Each script is one atomic step of the contract; its KEYS and ARGV are documented at the
 top of its file and built only here. Scripts that dispatch start with the shared
-``lib_dispatch.lua``.
+``lib_dispatch.lua``; every script with ``lib_queued.lua`` (a tenant's queued bytes).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from producer.protocol.records import RunningRecord
 from producer.protocol.settings import Settings
 from sandbox_core import JobResult
 
-# The libraries each script starts with, in order (a library uses those before it).
+# The libraries each script starts with, in order (a library uses those before it);
+# before them all, _FIRST (which any of them may use).
+_FIRST = ("lib_queued",)
 _LIBRARIES = {
     "submit_jobs": ("lib_dispatch",),
     "dispatch": ("lib_dispatch",),
@@ -38,7 +40,8 @@ _LIBRARIES = {
 def source(name: str) -> str:
     """The text of ``scripts/<name>.lua``, after the libraries it uses."""
     files = resources.files("producer.protocol").joinpath("scripts")
-    parts = [files.joinpath(f"{lib}.lua").read_text() for lib in _LIBRARIES.get(name, ())]
+    libraries = (*_FIRST, *_LIBRARIES.get(name, ()))
+    parts = [files.joinpath(f"{lib}.lua").read_text() for lib in libraries]
     return "\n".join([*parts, files.joinpath(f"{name}.lua").read_text()])
 
 
@@ -58,7 +61,7 @@ class Admitted:
     """What submit_jobs said: per job "new", "same" or "conflict"; or why it refused all."""
 
     codes: list[str]
-    refusal: str | None = None  # "conflict" | "queue_full" | "rate" | "budget"
+    refusal: str | None = None  # "conflict" | "queue_full" | "queue_bytes" | "rate" | "budget"
     detail: tuple[Any, ...] = ()
 
 
@@ -131,6 +134,8 @@ class FarmScripts:
         max_queued: int,
         bucket: tuple[float, float] | None,
         cpu_budget_ms: float | None,
+        max_queued_bytes: int | None = None,
+        result_bytes_budget: int | None = None,
         client: redis.Redis | redis.client.Pipeline | None = None,
     ) -> Admitted:
         rate, burst = bucket if bucket else ("", "")
@@ -152,6 +157,7 @@ class FarmScripts:
         ]
         for job in jobs:
             args += [job.qid, job.spec_hash, job.state, job.message]
+        args += [_or_none(max_queued_bytes), _or_none(result_bytes_budget)]
         reply = [_text(v) for v in self._submit(keys=[], args=args, client=client)]
         if reply[0] == "ok":
             return Admitted(codes=reply[1:])
@@ -316,6 +322,10 @@ class FarmScripts:
         # dispatch set the expiry to its time + the visibility timeout (see lib_dispatch)
         text = _text(expiry) if expiry is not None else ""
         return float(text) - self.settings.visibility_timeout if text else None
+
+
+def _or_none(value: int | None) -> int | str:
+    return "" if value is None else value
 
 
 def _text(value: object) -> str:

@@ -72,7 +72,8 @@ class Settings(BaseSettings):
         "trusted",
         pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
         description="the tenant the trusted SDK and CLI (FarmClient) submit as, through the"
-        " same fair-share queues as everyone (made, if missing, with max_queued 1,000,000)",
+        " same fair-share queues as everyone (made, if missing, with max_queued 1,000,000,"
+        " max_queued_mb 4096)",
     )
     dispatch_margin: int = Field(
         2,

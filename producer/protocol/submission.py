@@ -15,7 +15,7 @@ from producer.protocol.errors import IdConflictError, QuotaError
 from producer.protocol.messages import task_message
 from producer.protocol.records import JobState, MessageMeta, spec_hash
 from producer.protocol.scripts import FarmScripts, Submission
-from producer.protocol.tenants import Policy, qualified
+from producer.protocol.tenants import MIB, Policy, qualified
 from sandbox_core import JobSpec, Limits
 
 _DEFAULT_LIMITS = Limits().model_dump(mode="json")
@@ -81,7 +81,8 @@ def submit(
 ) -> list[str]:
     """Admit ``jobs`` (then dispatch what fits); returns their ids, in order.
 
-    Raises QuotaError (nothing taken) over the tenant's rate, queue or budget, and
+    Raises QuotaError (nothing taken) over the tenant's rate, queue (jobs or bytes) or
+    budgets (CPU, result bytes), and
     IdConflictError for ids that name another spec: with ``all_or_nothing`` nothing is
     taken then; without, the others are (its ``submitted`` lists them)."""
     budget = policy.cpu_budget_s_per_day
@@ -93,6 +94,8 @@ def submit(
         max_queued=policy.max_queued,
         bucket=policy.bucket,
         cpu_budget_ms=None if budget is None else budget * 1000,
+        max_queued_bytes=policy.max_queued_mb * MIB,
+        result_bytes_budget=policy.result_mb_per_day * MIB,
     )
     ids = [job.job_id for job in jobs]
     if admitted.refusal == "conflict":
@@ -121,7 +124,24 @@ def _quota_error(
     if reason == "queue_full":
         waiting, cap = int(detail[0]), int(detail[1])
         return QuotaError(tenant, reason, f"{waiting} jobs wait already (max_queued {cap})", 1.0)
+    if reason == "queue_bytes":
+        held, adding, cap = (int(v) for v in detail[:3])
+        if adding > cap:  # waiting cannot help: a smaller call can
+            message = (
+                f"these {count} jobs hold {adding / MIB:.1f} MiB alone, over max_queued_mb"
+                f" {cap // MIB}: send fewer or smaller jobs per call"
+            )
+        else:
+            message = (
+                f"the jobs waiting hold {held / MIB:.1f} MiB already and these"
+                f" {adding / MIB:.1f} MiB more (max_queued_mb {cap // MIB})"
+            )
+        return QuotaError(tenant, reason, message, 1.0)
     seconds = float(detail[0]) if detail else 3600.0
+    if len(detail) > 1 and detail[1] == "result_bytes":
+        cap = policy.result_mb_per_day
+        message = f"today's result budget of {cap} MiB (result_mb_per_day) is stored already"
+        return QuotaError(tenant, reason, message, seconds)
     used = policy.cpu_budget_s_per_day or 0
     return QuotaError(tenant, reason, f"today's CPU budget of {used:g} s is spent", seconds)
 

@@ -129,6 +129,7 @@ class TenantStore:
 
     def _purge(self, name: str, chunk: int = 500) -> None:
         """Delete every record of the tenant's jobs (listed in its job list)."""
+        self.redis.delete(self.keys.queued(name))  # the sizes of its waiting jobs
         listing = self.keys.joblist(name)
         while True:
             qids = [text(q) for q in self.redis.zrange(listing, 0, chunk - 1)]

@@ -38,6 +38,12 @@ CAPPABLE: dict[str, float] = {
     "ptys": d.PTYS[1],
 }
 DEFAULT_MAX_QUEUED = 100_000
+# Redis memory a tenant may hold: the bytes of its waiting jobs (a waiting job is ~1-2 KB,
+# its files inside it up to the gateway's body bound), and of the results it may store a
+# day (each kept result_ttl_s: a week of them at most, by default).
+DEFAULT_MAX_QUEUED_MB = 1024
+DEFAULT_RESULT_MB_PER_DAY = 4096
+MIB = 1024 * 1024
 DAY_S = 86_400
 
 TenantName = Annotated[str, Field(pattern=TENANT_RE.pattern)]
@@ -51,6 +57,11 @@ class Policy(BaseModel):
     weight: float = Field(1.0, gt=0, le=1000, description="fair share against other tenants")
     max_running: int | None = Field(None, ge=1, description="jobs dispatched at once")
     max_queued: int = Field(DEFAULT_MAX_QUEUED, ge=1, description="jobs waiting at once")
+    max_queued_mb: int = Field(
+        DEFAULT_MAX_QUEUED_MB,
+        ge=1,
+        description="MiB of Redis the jobs waiting at once may hold (message + state)",
+    )
     rate: float | None = Field(None, gt=0, description="submissions per second (token bucket)")
     burst: int | None = Field(None, ge=1, description="bucket size (default: 2 s of rate)")
     backends: list[str] | None = Field(None, description="allowed backends (None: all)")
@@ -59,6 +70,9 @@ class Policy(BaseModel):
     network: bool = Field(False, description="may ask for limits.network")
     result_ttl_s: int = Field(7 * DAY_S, ge=60, le=90 * DAY_S, description="result lifetime")
     cpu_budget_s_per_day: float | None = Field(None, gt=0, description="CPU seconds a day")
+    result_mb_per_day: int = Field(
+        DEFAULT_RESULT_MB_PER_DAY, ge=1, description="MiB of results stored a day (UTC)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Policy:

@@ -173,6 +173,7 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
     if qid then
       local key = prefix .. 'msg:' .. qid
       local msg = redis.call('GET', key)
+      if not msg then queued_release(prefix, qid) end  -- expired while waiting
       -- cancelled while waiting (it has a result), or expired: nothing to run; the
       -- message stays until a worker begins the job (see recover)
       if msg and redis.call('EXISTS', prefix .. 'result:' .. qid) == 0 then

@@ -3,17 +3,19 @@
 -- conflict; "some": take the rest), 5 max queued, 6 rate ("" for none), 7 burst,
 -- 8 CPU budget today in ms ("" for none), 9 UTC day, 10 Celery queue, 11 margin,
 -- 12 active expiry (s), 13 n, 14 stats ttl (s); then per job: qid, spec hash, state
--- JSON, message.
+-- JSON, message; then max queued bytes, result bytes budget today ("" for none).
 -- Returns {"ok", code per job ("new" | "same" | "conflict")...}, or a refusal
 -- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
--- | {"budget", retry_after_s}: a refusal writes only its counter (jobs refused, by
--- reason, in the stats hash).
+-- | {"queue_bytes", queued bytes, these jobs' bytes, max} | {"budget", retry_after_s,
+-- "cpu" | "result_bytes"}: a refusal writes only its counter (jobs refused, by reason,
+-- in the stats hash). Queued bytes: lib_queued.lua.
 local prefix, tenant = ARGV[1], ARGV[2]
 local ttl, mode = tonumber(ARGV[3]), ARGV[4]
 local max_queued, rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local budget, day, queue = tonumber(ARGV[8]), ARGV[9], ARGV[10]
 local margin, expiry, n = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local now = now_s()
+local max_bytes, result_budget = tonumber(ARGV[15 + 4 * n]), tonumber(ARGV[16 + 4 * n])
 local function refused(reason, count)
   local stats = prefix .. 'stats'
   redis.call('HINCRBY', stats, 'refused|' .. tenant .. '|' .. reason, count)
@@ -49,7 +51,14 @@ if new > 0 then
     local used = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'cpu_ms') or '0')
     if used >= budget then
       refused('budget', n)
-      return {'budget', tostring(86400 - math.floor(now % 86400))}
+      return {'budget', tostring(86400 - math.floor(now % 86400)), 'cpu'}
+    end
+  end
+  if result_budget then  -- the bytes of today's stored results (lib_store.lua counts them)
+    local stored = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'bytes') or '0')
+    if stored >= result_budget then
+      refused('budget', n)
+      return {'budget', tostring(86400 - math.floor(now % 86400)), 'result_bytes'}
     end
   end
   local pending = prefix .. 'pending:' .. tenant
@@ -57,6 +66,18 @@ if new > 0 then
   if waiting + new > max_queued then
     refused('queue_full', n)
     return {'queue_full', waiting, max_queued}
+  end
+  local queued, sizes, adding = prefix .. 'queued:' .. tenant, {}, 0
+  for i = 0, n - 1 do
+    if codes[i + 1] == 'new' then
+      sizes[i + 1] = #ARGV[17 + 4 * i] + #ARGV[18 + 4 * i]
+      adding = adding + sizes[i + 1]
+    end
+  end
+  local held = tonumber(redis.call('HGET', queued, 'total') or '0')
+  if max_bytes and held + adding > max_bytes then
+    refused('queue_bytes', n)
+    return {'queue_bytes', held, adding, max_bytes}
   end
   if rate then
     local bucket = prefix .. 'bucket:' .. tenant
@@ -84,8 +105,11 @@ if new > 0 then
       redis.call('SET', prefix .. 'msg:' .. qid, ARGV[18 + 4 * i], 'EX', ttl)
       redis.call('RPUSH', pending, qid)
       redis.call('ZADD', jobs, now + i * 1e-6, qid)  -- one batch listed in its order
+      redis.call('HINCRBY', queued, qid, sizes[i + 1])  -- adds to an id already there
     end
   end
+  redis.call('HINCRBY', queued, 'total', adding)
+  redis.call('EXPIRE', queued, ttl)
   redis.call('ZREMRANGEBYSCORE', jobs, '-inf', now - ttl)
   redis.call('SADD', prefix .. 'ready', tenant)
   -- refreshed while in use; gone once the farm is idle. The farm's own keys (every

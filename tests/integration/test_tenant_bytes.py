@@ -1,0 +1,313 @@
+"""A tenant's Redis memory is bounded in bytes, not only in jobs (an attack review: ten
+jobs of 14.7 MB added 176 MiB of Redis under a bound of 100,000 jobs). The bytes of its
+waiting jobs (max_queued_mb: submit_jobs.lua, lib_queued.lua) are counted at admission
+and given back exactly once when each job's message leaves Redis (begun, final without
+a begin, or expired in the queue); the bytes of its stored results a day
+(result_mb_per_day) refuse its next submissions until the next UTC day. Against the
+real Redis and Lua scripts, with the test as the worker (as test_chain_protocol.py);
+the result budget also through a real gateway over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from producer.client import FarmClient
+from producer.jobs import TenantJobs
+from producer.protocol import Heartbeat, QuotaError, RunningRecord, Settings, connect
+from producer.protocol.scripts import FarmScripts, utc_day
+from producer.protocol.tenant_store import TenantStore
+from producer.protocol.tenants import MIB, Policy
+from sandbox_core import JobResult, JobSpec, Status
+from tests.farmkit import SANDFARM, farm_db, free_port, make_farm, private_db, wait_for  # noqa: F401
+from tests.gatewaykit import api, tenant_farm  # noqa: F401
+
+RUNNING = RunningRecord(worker="test@host", pid=1, slot=0)
+FILE = "x" * 1_000_000  # one seeded file: 1 MB (a job may carry 8 MiB of them)
+
+
+class Farm:
+    """A farm with no worker process; ``online()`` adds one by heartbeat (4 slots), so
+    dispatch moves waiting jobs into its Celery queue and the test delivers them."""
+
+    def __init__(self, url: str) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"b-{tag}:")
+        self.keys = self.settings.keys
+        self.redis = connect(url)
+        self.scripts = FarmScripts(self.redis, self.settings)
+        self.store = TenantStore(self.redis, self.keys)
+
+    def tenant(self, name: str, **policy: object) -> TenantJobs:
+        self.store.add(name, Policy.model_validate(policy))
+        return TenantJobs(self.redis, self.settings, name)
+
+    def online(self) -> None:
+        beat = Heartbeat(
+            pid=1,
+            host="h",
+            slots=(0, 4),
+            uids=(None, None),
+            concurrency=4,
+            queues=(self.settings.queue,),
+            ts=time.time(),
+            interval_s=3600,
+        )
+        self.redis.hset(self.keys.workers, "w", beat.dump())
+
+    def held(self, tenant: str) -> int:
+        """The tenant's queued bytes, as admission reads them."""
+        return int(self.redis.hget(self.keys.queued(tenant), "total") or 0)
+
+    def size(self, qid: str) -> int:
+        """What a waiting job holds in Redis: its message and its state JSON."""
+        return int(self.redis.strlen(self.keys.message(qid))) + int(
+            self.redis.strlen(self.keys.job(qid))
+        )
+
+    def deliver(self) -> str:
+        """BRPOP the next message, as a worker's consumer does: its qid."""
+        popped = self.redis.brpop([self.settings.queue], 5)
+        assert popped is not None, "nothing dispatched"
+        return str(json.loads(popped[1])["headers"]["id"])
+
+
+@pytest.fixture
+def farm(redis_url: str) -> Iterator[Farm]:
+    with private_db(redis_url) as url:
+        made = Farm(url)
+        try:
+            yield made
+        finally:
+            made.redis.close()
+
+
+def big(job_id: str, files: int = 2) -> JobSpec:
+    """A job carrying ``files`` MB of seeded files (the attack's shape)."""
+    return JobSpec.model_validate(
+        {"id": job_id, "command": "true", "files": {f"f{i}.txt": FILE for i in range(files)}}
+    )
+
+
+def refused_count(farm: Farm, tenant: str, reason: str) -> int:
+    return int(farm.redis.hget(farm.keys.stats, f"refused|{tenant}|{reason}") or 0)
+
+
+def test_queued_bytes_are_bounded_and_the_next_job_is_refused_whole(farm: Farm) -> None:
+    small = farm.tenant("small", max_queued_mb=8)
+    bound = 8 * MIB
+    # The attack: jobs of 2 MB of files each, far under max_queued (100,000 jobs).
+    accepted: list[str] = []
+    refusal: QuotaError | None = None
+    for i in range(20):
+        try:
+            accepted += small.submit([big(f"big-{i}")], None, all_or_nothing=True)
+        except QuotaError as exc:
+            refusal = exc
+            break
+    assert refusal is not None and refusal.reason == "queue_bytes", accepted
+    assert len(accepted) == 4  # the bound was reached: 2 MB each, 8 MiB in all
+    qids = [small.qid(i) for i in accepted]
+    held = farm.held("small")
+    assert held == sum(farm.size(q) for q in qids)  # exactly what the jobs hold
+    assert held <= bound < held + farm.size(qids[0])  # full: one more would pass it
+    in_redis = sum(int(farm.redis.memory_usage(farm.keys.message(q)) or 0) for q in qids)
+    assert in_redis >= held * 0.9  # Redis really holds them
+    assert "max_queued_mb 8" in str(refusal) and "Traceback" not in str(refusal)
+
+    # The refused job wrote nothing; the counter did not move.
+    nxt = small.qid(f"big-{len(accepted)}")
+    assert not farm.redis.exists(farm.keys.message(nxt), farm.keys.job(nxt))
+    assert farm.redis.llen(farm.keys.pending("small")) == len(accepted)
+    assert farm.held("small") == held and refused_count(farm, "small", "queue_bytes") == 1
+
+    # No partial admission: a call whose small jobs would fit but whose last does not is
+    # refused whole, in either mode.
+    tiny = [JobSpec(id=f"tiny-{i}", command="true") for i in range(2)]
+    with pytest.raises(QuotaError) as caught:
+        small.submit([*tiny, big("big-last")], None, all_or_nothing=False)
+    assert caught.value.reason == "queue_bytes"
+    for spec in tiny:
+        assert not farm.redis.exists(farm.keys.message(small.qid(spec.id or "")))
+    assert farm.redis.llen(farm.keys.pending("small")) == len(accepted)
+    # The same jobs again are no new bytes: idempotent, not refused.
+    assert small.submit([big(accepted[0])], None, all_or_nothing=True) == [accepted[0]]
+    assert farm.held("small") == held
+    # A call that could never fit says so (a client sends it in parts).
+    with pytest.raises(QuotaError, match="alone, over max_queued_mb 8"):
+        small.submit([big(f"huge-{i}", 4) for i in range(3)], None, all_or_nothing=True)
+
+    # Another tenant is unaffected: its own bytes, its own bound.
+    other = farm.tenant("other")
+    assert other.submit([big("o-1"), big("o-2"), big("o-3"), big("o-4")], None, all_or_nothing=True)
+    assert farm.held("other") == sum(farm.size(other.qid(f"o-{i}")) for i in range(1, 5))
+    assert farm.held("small") == held
+    ttl = farm.redis.ttl(farm.keys.queued("small"))
+    assert 0 < ttl <= Policy().result_ttl_s  # expires, as the tenant's other keys
+
+
+def test_queued_bytes_are_given_back_exactly_once(farm: Farm) -> None:
+    jobs = farm.tenant("back", max_queued_mb=6)  # three jobs of 2 MB
+    ids = jobs.submit([big("b-1"), big("b-2"), big("b-3")], None, all_or_nothing=True)
+    qids = [jobs.qid(i) for i in ids]
+    sizes = [farm.size(q) for q in qids]
+    assert farm.held("back") == sum(sizes)
+    with pytest.raises(QuotaError, match="max_queued_mb 6"):  # full
+        jobs.submit([big("b-4")], None, all_or_nothing=True)
+
+    # b-3's message expires while it waits (no worker online yet): dispatch, popping it,
+    # gives its bytes back; b-1 and b-2 are dispatched, their messages still held.
+    farm.redis.pexpire(farm.keys.message(qids[2]), 1)
+    time.sleep(0.01)
+    farm.online()
+    assert farm.scripts.dispatch() == 2
+    assert farm.held("back") == sizes[0] + sizes[1]
+
+    # b-1 begins: its message is gone from Redis, its bytes with it; its redelivery (a
+    # worker died) and its stored result, then a duplicate, give nothing more.
+    first = farm.deliver()
+    assert first == qids[0]
+    claimed = farm.scripts.begin_attempt(first, RUNNING, 30, "tok-1")
+    assert claimed is not None and claimed.attempts == 1
+    assert farm.held("back") == sizes[1]
+    again = farm.scripts.begin_attempt(first, RUNNING, 30, "tok-2")
+    assert again is not None and again.attempts == 2
+    assert farm.held("back") == sizes[1]
+    done = JobResult(id="b-1", status=Status.SUCCEEDED)
+    assert farm.scripts.store_result(done, None, first, "back")
+    assert not farm.scripts.store_result(done, None, first, "back")
+    assert farm.held("back") == sizes[1]
+
+    # b-2, dispatched but not begun, is cancelled: final without a begin, its message
+    # deleted and its bytes given back; its delivery afterwards runs nothing.
+    assert jobs.cancel("b-2")
+    assert farm.held("back") == 0
+    assert farm.deliver() == qids[1]
+    assert farm.scripts.begin_attempt(qids[1], RUNNING, 30, "tok-3") is None
+    assert farm.held("back") == 0  # never below nothing
+    assert farm.redis.hkeys(farm.keys.queued("back")) == [b"total"]  # no record left
+
+    # Room again: the tenant's next jobs are accepted.
+    assert jobs.submit([big("b-4"), big("b-5")], None, all_or_nothing=True) == ["b-4", "b-5"]
+    assert farm.held("back") == farm.size(jobs.qid("b-4")) + farm.size(jobs.qid("b-5"))
+
+
+def test_a_removed_tenants_waiting_bytes_are_given_back(farm: Farm) -> None:
+    jobs = farm.tenant("gone", max_queued_mb=8)
+    jobs.submit([big("g-1"), big("g-2")], None, all_or_nothing=True)
+    assert farm.held("gone") > 4 * 10**6
+    assert farm.store.remove("gone", farm.scripts) == (2, 0)
+    assert farm.held("gone") == 0
+
+
+def test_a_spent_result_budget_refuses_over_http(tenant_farm) -> None:  # noqa: F811
+    tf = tenant_farm()
+    gateway = tf.start_gateway()
+    settings = tf.farm.settings
+    r: redis.Redis = connect(settings.redis_url)
+    scripts = FarmScripts(r, settings)
+    spender = api(gateway, tf.tenant("spender", result_mb_per_day=1))
+    other = api(gateway, tf.tenant("bystander", result_mb_per_day=1))
+
+    def store(job_id: str, megabytes: float) -> None:
+        """A worker stores the job's result: ``megabytes`` of output (as a message)."""
+        result = JobResult(id=job_id, status=Status.FAILED, message="y" * int(megabytes * MIB))
+        assert scripts.store_result(result, None, f"spender/{job_id}", "spender")
+
+    def stored_bytes() -> int:
+        return int(r.hget(settings.keys.usage("spender", utc_day()), "bytes") or 0)
+
+    # Under the budget: results come back and submissions pass.
+    assert spender.post("/v1/jobs", json={"id": "r-1", "command": "true"}).status_code == 202
+    store("r-1", 0.6)
+    assert 0.6 * MIB < stored_bytes() < MIB
+    assert spender.post("/v1/jobs", json={"id": "r-2", "command": "true"}).status_code == 202
+    store("r-2", 0.6)
+    assert stored_bytes() >= MIB  # the day's budget is reached
+
+    reply = spender.post("/v1/jobs", json={"id": "r-3", "command": "true"})
+    assert reply.status_code == 429, reply.text
+    body = reply.json()
+    assert body["type"].endswith("/budget") and "result_mb_per_day" in body["detail"]
+    assert "Traceback" not in reply.text
+    retry = int(reply.headers["Retry-After"])
+    assert 0 < retry <= 86_400 - int(time.time()) % 86_400 + 1  # the next UTC day
+    assert not r.exists(settings.keys.message("spender/r-3"), settings.keys.job("spender/r-3"))
+    batch = spender.post("/v1/jobs/batch", json={"jobs": [{"id": "r-4", "command": "true"}]})
+    assert batch.status_code == 429
+    # The same budget, another tenant: unaffected.
+    assert other.post("/v1/jobs", json={"id": "b-1", "command": "true"}).status_code == 202
+    assert r.exists(settings.keys.message("bystander/b-1"))
+
+
+def test_start_redis_bounds_its_memory_without_eviction_and_doctor_says_so(tmp_path) -> None:
+    """The quotas bound each tenant, not their sum: the farm's own Redis is bounded too,
+    refusing writes when full rather than evicting queued jobs and results silently."""
+    from tests.conftest import require
+
+    require(shutil.which("redis-server") is not None, "redis-server is not installed")
+    port = free_port()
+    script = Path(__file__).resolve().parents[2] / "ops" / "start_redis.sh"
+    env = {**os.environ, "SANDFARM_REDIS_MAXMEMORY": "64mb"}
+    subprocess.run([str(script), str(port), str(tmp_path / "redis")], env=env, check=True)
+    own = redis.Redis(port=port)
+    try:
+        wait_for(lambda: _answers(own), 10, 0.05, "the new Redis answers")
+        config = own.config_get("maxmemory*")
+        assert config["maxmemory"] == str(64 * MIB)
+        assert config["maxmemory-policy"] == "noeviction"
+        row = _doctor_memory_row(f"redis://127.0.0.1:{port}/0")
+        assert row["active"] is True and "noeviction" in row["detail"]
+        # The suite's Redis, as the project's tests run it: no maxmemory, which doctor shows.
+        suite = os.environ.get("SANDFARM_REDIS_URL", "redis://127.0.0.1:6379/0")
+        if int(connect(suite).config_get("maxmemory")["maxmemory"]) == 0:
+            row = _doctor_memory_row(suite)
+            assert row["active"] is False and "has no maxmemory" in row["detail"]
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            own.shutdown(nosave=True)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def _doctor_memory_row(url: str) -> dict:
+    run = subprocess.run(
+        [SANDFARM, "doctor", "--json"],
+        env={**os.environ, "SANDFARM_REDIS_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    rows = json.loads(run.stdout)["farm"]
+    return next(row for row in rows if row["name"] == "redis maxmemory")
+
+
+def test_the_trusted_client_fails_at_once_on_a_job_over_its_bound_alone(farm: Farm) -> None:
+    """Waiting would never help: FarmClient raises (a bigger call goes in parts) rather
+    than retrying forever; the trusted tenant, made by the client, has room for 100,000
+    jobs of ~2 KB."""
+    settings = farm.settings.model_copy(update={"client_tenant": "solo"})
+    farm.store.ensure("solo", Policy(max_queued_mb=1))
+    with FarmClient(settings=settings) as client:
+        with pytest.raises(QuotaError, match="alone, over max_queued_mb 1"):
+            client.submit_many([big("solo-1")])  # 2 MB
+        assert not farm.redis.exists(farm.keys.message("solo/solo-1"))
+    with FarmClient(settings=farm.settings) as client:
+        client.submit_many([{"command": "true"}])
+        policy = farm.store.policy(client.tenant)
+        assert policy.max_queued_mb * MIB >= 100_000 * 2_100 * 2  # scale.py's batch, twice
