@@ -79,8 +79,11 @@ class Keys:
     def message(self, qid: str) -> str:  # a waiting job's Celery message, TTL
         return f"{self.prefix}msg:{qid}"
 
-    def queued(self, name: str) -> str:  # hash qid -> bytes, and 'total': lib_queued.lua
+    def queued(self, name: str) -> str:  # bytes of the jobs in pending(name): lib_dispatch
         return f"{self.prefix}queued:{name}"
+
+    def sizes(self, name: str) -> str:  # list: each pending job's bytes, in step with it
+        return f"{self.prefix}sizes:{name}"
 
     @property
     def ready(self) -> str:  # set of tenants with pending jobs

@@ -2,7 +2,7 @@
 
 Each script is one atomic step of the contract; its KEYS and ARGV are documented at the
 top of its file and built only here. Scripts that dispatch start with the shared
-``lib_dispatch.lua``; every script with ``lib_queued.lua`` (a tenant's queued bytes).
+``lib_dispatch.lua``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from producer.protocol.records import RunningRecord
 from producer.protocol.settings import Settings
 from sandbox_core import JobResult
 
-# The libraries each script starts with, in order (a library uses those before it);
-# before them all, _FIRST (which any of them may use).
-_FIRST = ("lib_queued",)
+# The libraries each script starts with, in order (a library uses those before it).
 _LIBRARIES = {
     "submit_jobs": ("lib_dispatch",),
     "dispatch": ("lib_dispatch",),
@@ -40,8 +38,7 @@ _LIBRARIES = {
 def source(name: str) -> str:
     """The text of ``scripts/<name>.lua``, after the libraries it uses."""
     files = resources.files("producer.protocol").joinpath("scripts")
-    libraries = (*_FIRST, *_LIBRARIES.get(name, ()))
-    parts = [files.joinpath(f"{lib}.lua").read_text() for lib in libraries]
+    parts = [files.joinpath(f"{lib}.lua").read_text() for lib in _LIBRARIES.get(name, ())]
     return "\n".join([*parts, files.joinpath(f"{name}.lua").read_text()])
 
 

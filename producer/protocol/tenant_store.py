@@ -104,7 +104,8 @@ class TenantStore:
         # the Celery queue, every other tenant's jobs behind them).
         pipe = self.redis.pipeline(transaction=True)
         pipe.lrange(self.keys.pending(name), 0, -1)
-        pipe.delete(self.keys.pending(name))
+        # the queue, its jobs' sizes and their sum go together (lib_dispatch leave_queue)
+        pipe.delete(self.keys.pending(name), self.keys.sizes(name), self.keys.queued(name))
         pipe.srem(self.keys.ready, name)
         pending = [text(q) for q in pipe.execute()[0]]
         cancelled = 0
@@ -129,7 +130,6 @@ class TenantStore:
 
     def _purge(self, name: str, chunk: int = 500) -> None:
         """Delete every record of the tenant's jobs (listed in its job list)."""
-        self.redis.delete(self.keys.queued(name))  # the sizes of its waiting jobs
         listing = self.keys.joblist(name)
         while True:
             qids = [text(q) for q in self.redis.zrange(listing, 0, chunk - 1)]

@@ -1,8 +1,9 @@
 """A tenant's Redis memory is bounded in bytes, not only in jobs (an attack review: ten
-jobs of 14.7 MB added 176 MiB of Redis under a bound of 100,000 jobs). The bytes of its
-waiting jobs (max_queued_mb: submit_jobs.lua, lib_queued.lua) are counted at admission
-and given back exactly once when each job's message leaves Redis (begun, final without
-a begin, or expired in the queue); the bytes of its stored results a day
+jobs of 14.7 MB added 176 MiB of Redis under a bound of 100,000 jobs). The bytes of the
+jobs in its queue (max_queued_mb: submit_jobs.lua, lib_dispatch.lua leave_queue) are
+counted at admission and given back exactly once, when dispatch takes each job from the
+queue (to run it, or because it was cancelled or expired while waiting), as max_queued
+counts jobs; the bytes of its stored results a day
 (result_mb_per_day) refuse its next submissions until the next UTC day. Against the
 real Redis and Lua scripts, with the test as the worker (as test_chain_protocol.py);
 the result budget also through a real gateway over HTTP."""
@@ -67,7 +68,7 @@ class Farm:
 
     def held(self, tenant: str) -> int:
         """The tenant's queued bytes, as admission reads them."""
-        return int(self.redis.hget(self.keys.queued(tenant), "total") or 0)
+        return int(self.redis.get(self.keys.queued(tenant)) or 0)
 
     def size(self, qid: str) -> int:
         """What a waiting job holds in Redis: its message and its state JSON."""
@@ -152,8 +153,8 @@ def test_queued_bytes_are_bounded_and_the_next_job_is_refused_whole(farm: Farm) 
     assert other.submit([big("o-1"), big("o-2"), big("o-3"), big("o-4")], None, all_or_nothing=True)
     assert farm.held("other") == sum(farm.size(other.qid(f"o-{i}")) for i in range(1, 5))
     assert farm.held("small") == held
-    ttl = farm.redis.ttl(farm.keys.queued("small"))
-    assert 0 < ttl <= Policy().result_ttl_s  # expires, as the tenant's other keys
+    for key in (farm.keys.queued("small"), farm.keys.sizes("small")):
+        assert 0 < farm.redis.ttl(key) <= Policy().result_ttl_s  # expire with its queue
 
 
 def test_queued_bytes_are_given_back_exactly_once(farm: Farm) -> None:
@@ -162,44 +163,39 @@ def test_queued_bytes_are_given_back_exactly_once(farm: Farm) -> None:
     qids = [jobs.qid(i) for i in ids]
     sizes = [farm.size(q) for q in qids]
     assert farm.held("back") == sum(sizes)
+    assert farm.redis.llen(farm.keys.sizes("back")) == 3  # in step with the queue
     with pytest.raises(QuotaError, match="max_queued_mb 6"):  # full
         jobs.submit([big("b-4")], None, all_or_nothing=True)
 
-    # b-3's message expires while it waits (no worker online yet): dispatch, popping it,
-    # gives its bytes back; b-1 and b-2 are dispatched, their messages still held.
+    # b-2 is cancelled while it waits: it counts until dispatch reaches it (as max_queued
+    # counts it); b-3's message expires while it waits. A worker comes online: dispatch
+    # takes all three from the queue, each giving its bytes back once (b-1 to run).
+    assert jobs.cancel("b-2")
     farm.redis.pexpire(farm.keys.message(qids[2]), 1)
     time.sleep(0.01)
+    assert farm.held("back") == sum(sizes)
     farm.online()
-    assert farm.scripts.dispatch() == 2
-    assert farm.held("back") == sizes[0] + sizes[1]
+    assert farm.scripts.dispatch() == 1
+    assert farm.held("back") == 0 and not farm.redis.exists(farm.keys.queued("back"))
+    assert farm.redis.llen(farm.keys.sizes("back")) == 0
 
-    # b-1 begins: its message is gone from Redis, its bytes with it; its redelivery (a
-    # worker died) and its stored result, then a duplicate, give nothing more.
+    # b-1 begins, is delivered again (its worker died), stores, and a duplicate comes:
+    # nothing more is given back, nothing goes below zero.
     first = farm.deliver()
     assert first == qids[0]
-    claimed = farm.scripts.begin_attempt(first, RUNNING, 30, "tok-1")
-    assert claimed is not None and claimed.attempts == 1
-    assert farm.held("back") == sizes[1]
-    again = farm.scripts.begin_attempt(first, RUNNING, 30, "tok-2")
-    assert again is not None and again.attempts == 2
-    assert farm.held("back") == sizes[1]
+    assert farm.scripts.begin_attempt(first, RUNNING, 30, "tok-1") is not None
+    assert farm.scripts.begin_attempt(first, RUNNING, 30, "tok-2") is not None
     done = JobResult(id="b-1", status=Status.SUCCEEDED)
     assert farm.scripts.store_result(done, None, first, "back")
     assert not farm.scripts.store_result(done, None, first, "back")
-    assert farm.held("back") == sizes[1]
-
-    # b-2, dispatched but not begun, is cancelled: final without a begin, its message
-    # deleted and its bytes given back; its delivery afterwards runs nothing.
-    assert jobs.cancel("b-2")
     assert farm.held("back") == 0
-    assert farm.deliver() == qids[1]
-    assert farm.scripts.begin_attempt(qids[1], RUNNING, 30, "tok-3") is None
-    assert farm.held("back") == 0  # never below nothing
-    assert farm.redis.hkeys(farm.keys.queued("back")) == [b"total"]  # no record left
 
-    # Room again: the tenant's next jobs are accepted.
+    # Room again: the tenant's next jobs are accepted, and counted anew while they wait
+    # (the worker gone, nothing takes them from the queue).
+    farm.redis.hdel(farm.keys.workers, "w")
     assert jobs.submit([big("b-4"), big("b-5")], None, all_or_nothing=True) == ["b-4", "b-5"]
-    assert farm.held("back") == farm.size(jobs.qid("b-4")) + farm.size(jobs.qid("b-5"))
+    fresh = farm.size(jobs.qid("b-4")) + farm.size(jobs.qid("b-5"))
+    assert farm.held("back") == fresh
 
 
 def test_a_removed_tenants_waiting_bytes_are_given_back(farm: Farm) -> None:
@@ -207,7 +203,7 @@ def test_a_removed_tenants_waiting_bytes_are_given_back(farm: Farm) -> None:
     jobs.submit([big("g-1"), big("g-2")], None, all_or_nothing=True)
     assert farm.held("gone") > 4 * 10**6
     assert farm.store.remove("gone", farm.scripts) == (2, 0)
-    assert farm.held("gone") == 0
+    assert farm.held("gone") == 0 and not farm.redis.exists(farm.keys.sizes("gone"))
 
 
 def test_a_spent_result_budget_refuses_over_http(tenant_farm) -> None:  # noqa: F811

@@ -16,7 +16,6 @@ local function begin_job(prefix, qid, running, running_for, now, ttl, stats_ttl)
   local attempts = redis.call('INCR', counter)
   -- begun: from here a redelivery (kombu's, or its chain's) brings it back, not dispatch
   redis.call('DEL', prefix .. 'msg:' .. qid)
-  queued_release(prefix, qid)  -- lib_queued.lua: its bytes no longer wait
   redis.call('EXPIRE', counter, ttl)
   if attempts > 1 then  -- delivered again: its worker died, or its ack was lost
     redis.call('HINCRBY', prefix .. 'stats', 'redeliveries', 1)

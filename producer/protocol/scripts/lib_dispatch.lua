@@ -82,6 +82,18 @@ local function charge_for_run(prefix, tenant, qid, held_s)
   redis.call('HSET', vtime, tenant, math.max(0, v - paid + held / w))
 end
 
+-- A tenant's queued bytes: what the jobs in its queue (pending:<tenant>) hold in Redis,
+-- their messages and state records. A list of their sizes moves in step with the queue
+-- (sizes:<tenant>: pushed with each job, popped with it), and queued:<tenant> is their
+-- sum; the three are written and expire together. A job counts until dispatch takes it
+-- from the queue, as max_queued counts it: cancelled or expired while waiting too.
+local function leave_queue(prefix, tenant)
+  local size = tonumber(redis.call('LPOP', prefix .. 'sizes:' .. tenant) or '')
+  if not size then return end
+  local queued = prefix .. 'queued:' .. tenant
+  if redis.call('DECRBY', queued, size) <= 0 then redis.call('DEL', queued) end
+end
+
 local function policy_of(prefix, tenant)
   local raw = redis.call('GET', prefix .. 'tenant:' .. tenant)
   if raw then
@@ -169,11 +181,11 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
     if best == nil then break end
     local pending = prefix .. 'pending:' .. best
     local qid = redis.call('LPOP', pending)
+    leave_queue(prefix, best)
     if redis.call('LLEN', pending) == 0 then redis.call('SREM', prefix .. 'ready', best) end
     if qid then
       local key = prefix .. 'msg:' .. qid
       local msg = redis.call('GET', key)
-      if not msg then queued_release(prefix, qid) end  -- expired while waiting
       -- cancelled while waiting (it has a result), or expired: nothing to run; the
       -- message stays until a worker begins the job (see recover)
       if msg and redis.call('EXISTS', prefix .. 'result:' .. qid) == 0 then

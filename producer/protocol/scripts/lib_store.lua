@@ -34,7 +34,6 @@ local function store(K, A, token, token_ttl)
     redis.call('ZREM', K[4], qid)
     redis.call('DEL', K[5])
     redis.call('DEL', prefix .. 'msg:' .. qid)  -- final without a begin (rejected, cancelled)
-    queued_release(prefix, qid)  -- lib_queued.lua (nothing left to give if it was begun)
     -- The job's record (its spec hash: a resubmission of the id with other code is a
     -- conflict) lives as long as its result, never less: its TTL ran from submission.
     local record = prefix .. 'job:' .. qid

@@ -8,7 +8,7 @@
 -- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
 -- | {"queue_bytes", queued bytes, these jobs' bytes, max} | {"budget", retry_after_s,
 -- "cpu" | "result_bytes"}: a refusal writes only its counter (jobs refused, by reason,
--- in the stats hash). Queued bytes: lib_queued.lua.
+-- in the stats hash). Queued bytes: leave_queue in lib_dispatch.lua.
 local prefix, tenant = ARGV[1], ARGV[2]
 local ttl, mode = tonumber(ARGV[3]), ARGV[4]
 local max_queued, rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -74,7 +74,7 @@ if new > 0 then
       adding = adding + sizes[i + 1]
     end
   end
-  local held = tonumber(redis.call('HGET', queued, 'total') or '0')
+  local held = tonumber(redis.call('GET', queued) or '0')
   if max_bytes and held + adding > max_bytes then
     refused('queue_bytes', n)
     return {'queue_bytes', held, adding, max_bytes}
@@ -105,18 +105,18 @@ if new > 0 then
       redis.call('SET', prefix .. 'msg:' .. qid, ARGV[18 + 4 * i], 'EX', ttl)
       redis.call('RPUSH', pending, qid)
       redis.call('ZADD', jobs, now + i * 1e-6, qid)  -- one batch listed in its order
-      redis.call('HINCRBY', queued, qid, sizes[i + 1])  -- adds to an id already there
+      redis.call('RPUSH', prefix .. 'sizes:' .. tenant, sizes[i + 1])  -- in step with pending
     end
   end
-  redis.call('HINCRBY', queued, 'total', adding)
-  redis.call('EXPIRE', queued, ttl)
+  redis.call('INCRBY', queued, adding)
   redis.call('ZREMRANGEBYSCORE', jobs, '-inf', now - ttl)
   redis.call('SADD', prefix .. 'ready', tenant)
   -- refreshed while in use; gone once the farm is idle. The farm's own keys (every
   -- tenant's) only ever get longer: a tenant whose jobs live a minute must not make
   -- another's waiting jobs vanish from dispatch's view (ready) a minute later.
-  redis.call('EXPIRE', jobs, ttl)
-  redis.call('EXPIRE', pending, ttl)
+  for _, key in ipairs({jobs, pending, prefix .. 'sizes:' .. tenant, queued}) do
+    redis.call('EXPIRE', key, ttl)
+  end
   for _, key in ipairs({prefix .. 'ready', prefix .. 'vtime'}) do
     if redis.call('TTL', key) < ttl then redis.call('EXPIRE', key, ttl) end
   end
