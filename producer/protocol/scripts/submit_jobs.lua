@@ -98,16 +98,29 @@ if new > 0 then
     if mine < clock then redis.call('HSET', prefix .. 'vtime', tenant, clock) end
   end
   local jobs = prefix .. 'jobs:' .. tenant
+  -- the queue, the sizes in step with it (lib_dispatch leave_queue) and the job list
+  -- take a call's jobs in slices of one command each
+  local qids, sized, listed = {}, {}, {}
+  local function flush()
+    if #qids == 0 then return end
+    redis.call('RPUSH', pending, unpack(qids))
+    redis.call('RPUSH', prefix .. 'sizes:' .. tenant, unpack(sized))
+    redis.call('ZADD', jobs, unpack(listed))
+    qids, sized, listed = {}, {}, {}
+  end
   for i = 0, n - 1 do
     if codes[i + 1] == 'new' then
       local qid = ARGV[15 + 4 * i]
       redis.call('SET', prefix .. 'job:' .. qid, ARGV[17 + 4 * i], 'EX', ttl)
       redis.call('SET', prefix .. 'msg:' .. qid, ARGV[18 + 4 * i], 'EX', ttl)
-      redis.call('RPUSH', pending, qid)
-      redis.call('ZADD', jobs, now + i * 1e-6, qid)  -- one batch listed in its order
-      redis.call('RPUSH', prefix .. 'sizes:' .. tenant, sizes[i + 1])  -- in step with pending
+      qids[#qids + 1] = qid
+      sized[#sized + 1] = sizes[i + 1]
+      listed[#listed + 1] = now + i * 1e-6  -- one batch listed in its order
+      listed[#listed + 1] = qid
+      if #qids == 500 then flush() end  -- well under Lua's stack for unpack
     end
   end
+  flush()
   redis.call('INCRBY', queued, adding)
   redis.call('ZREMRANGEBYSCORE', jobs, '-inf', now - ttl)
   redis.call('SADD', prefix .. 'ready', tenant)
