@@ -157,7 +157,7 @@ class FarmScripts:
         args += [_or_none(max_queued_bytes), _or_none(result_bytes_budget)]
         reply = [_text(v) for v in self._submit(keys=[], args=args, client=client)]
         if reply[0] == "ok":
-            return Admitted(codes=reply[1:])
+            return Admitted(codes=reply[1].split())
         return Admitted(codes=[], refusal=reply[0], detail=tuple(reply[1:]))
 
     def dispatch(self, max_moves: int = 64) -> int:

@@ -121,6 +121,8 @@ class TenantStore:
         for qid in active:
             pipe.set(self.keys.cancel(qid), "1", ex=3600)
         pipe.delete(self.keys.pending(name), self.keys.tenant(name), self.keys.tenant_keys(name))
+        # a submission that passed its key check before the revoke may have queued since
+        pipe.delete(self.keys.sizes(name), self.keys.queued(name))
         pipe.srem(self.keys.tenants, name)
         pipe.srem(self.keys.ready, name)
         pipe.execute()
@@ -148,6 +150,7 @@ class TenantStore:
             pipe.zrem(listing, *qids)
             pipe.execute()
         self.redis.delete(listing, self.keys.bucket(name), self.keys.charged(name))
+        self.redis.delete(self.keys.sizes(name), self.keys.queued(name))
         # its place in fair share: a team added later under the name starts at the clock,
         # not behind the charges of jobs the purge left running
         self.redis.hdel(self.keys.vtime, name)

@@ -41,8 +41,8 @@ DEFAULT_MAX_QUEUED = 100_000
 # Redis memory a tenant may hold: the bytes of its waiting jobs (a waiting job is ~1-2 KB,
 # its files inside it up to the gateway's body bound), and of the results it may store a
 # day (each kept result_ttl_s: a week of them at most, by default).
-DEFAULT_MAX_QUEUED_MB = 1024
-DEFAULT_RESULT_MB_PER_DAY = 4096
+DEFAULT_MAX_QUEUED_MB = 256
+DEFAULT_RESULT_MB_PER_DAY = 512
 MIB = 1024 * 1024
 DAY_S = 86_400
 

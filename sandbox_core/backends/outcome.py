@@ -53,19 +53,24 @@ def bounded(result: JobResult, limit: int = d.MAX_RESULT_BYTES) -> JobResult:
     """The result within ``limit`` bytes as serialised. Each stream and file is bounded
     as it serialises already; names, messages and many steps could still add up, so the
     collected files go first, then the steps' output (the statuses always stay)."""
-    if json_upper_bound(result) <= limit or len(result.model_dump_json()) <= limit:
+    if json_upper_bound(result) <= limit or _json_bytes(result) <= limit:
         return result
     if result.files:
         result.files_omitted += len(result.files)
         result.files = []
         result.message = (result.message or "") + " (collected files dropped: result bound)"
-        if len(result.model_dump_json()) <= limit:
+        if _json_bytes(result) <= limit:
             return result
     for step in result.steps:
         omitted = len(step.stdout) + len(step.stderr)
         step.stdout = step.stderr = f"[... {omitted} characters dropped: result bound ...]"
         step.truncated = True
     return result
+
+
+def _json_bytes(result: JobResult) -> int:
+    # bytes, not characters: Redis stores the UTF-8 (a CJK or U+FFFD character is 3)
+    return len(result.model_dump_json().encode())
 
 
 # What a result's JSON holds besides its texts, at most: keys, numbers, flags, times.

@@ -87,11 +87,21 @@ end
 -- (sizes:<tenant>: pushed with each job, popped with it), and queued:<tenant> is their
 -- sum; the three are written and expire together. A job counts until dispatch takes it
 -- from the queue, as max_queued counts it: cancelled or expired while waiting too.
+-- Called after the queue's pop. The sizes describe the newest jobs: jobs queued by a
+-- farm that kept no sizes (an upgrade) pop none, and an emptied queue takes its sizes
+-- and sum with it, so a count that went wrong (a tenant removed mid-submission) is
+-- corrected when its queue next empties.
 local function leave_queue(prefix, tenant)
-  local size = tonumber(redis.call('LPOP', prefix .. 'sizes:' .. tenant) or '')
-  if not size then return end
+  local pending, sizes = prefix .. 'pending:' .. tenant, prefix .. 'sizes:' .. tenant
   local queued = prefix .. 'queued:' .. tenant
-  if redis.call('DECRBY', queued, size) <= 0 then redis.call('DEL', queued) end
+  local left = redis.call('LLEN', pending)
+  if left == 0 then
+    redis.call('DEL', sizes, queued)
+    return
+  end
+  if redis.call('LLEN', sizes) <= left then return end
+  local size = tonumber(redis.call('LPOP', sizes) or '')
+  if size and redis.call('DECRBY', queued, size) <= 0 then redis.call('DEL', queued) end
 end
 
 local function policy_of(prefix, tenant)

@@ -6,7 +6,7 @@
 -- K (keys): result, done list ('' for none), duplicates counter, in-flight zset, running
 -- flag, stats hash (protocol/stats.py), stored-by (the token of the storing call)
 -- A (args): 1 result JSON, 2 ttl (s), 3 qid, 4 done-list cap, 5 prefix, 6 tenant ('' for
--- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes, 12 Celery queue,
+-- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes (unused: the bytes as stored count), 12 Celery queue,
 -- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown), 16 backend
 -- label, 17 run-time bucket ('' if it did not run), 18 run s, 19 queue-wait bucket ('' if
 -- unknown), 20 wait s, 21 stats ttl (s); token: this call's own (random), kept token_ttl
@@ -16,6 +16,31 @@
 -- phases.store_ms (null when sent) becomes the time from finished to stored, by this
 -- host's clock: JSON strings escape their quotes, so the first '"store_ms":null' is
 -- that field.
+-- Past its tenant's result budget for today (result_mb_per_day, counted in the bytes
+-- stored), a result is kept without its output: its id, status and labels, and a
+-- message saying why. Admission refuses the tenant's next jobs then, but the jobs it
+-- admitted before may still finish: their output cannot grow Redis past the budget.
+local LABELS_OBJECT = '"labels":{'
+local function within_budget(prefix, tenant, usage, payload, qid, status)
+  local cap = tonumber(policy_of(prefix, tenant).result_mb_per_day)
+  if not cap then return payload end
+  local used = tonumber(redis.call('HGET', usage, 'bytes') or '0')
+  if used + #payload <= cap * 1048576 then return payload end
+  local labels = '{}'  -- the last '"labels":{' is the result's own (result_fields.py)
+  local tail = string.sub(payload, -131072)
+  local at, from = nil, 1
+  while true do
+    local found = string.find(tail, LABELS_OBJECT, from, true)
+    if not found then break end
+    at, from = found, found + 1
+  end
+  if at then labels = string.sub(tail, at + #LABELS_OBJECT - 1, -2) end
+  local id = string.match(qid, '^[^/]+/(.+)$') or qid
+  return '{"id":' .. cjson.encode(id) .. ',"status":' .. cjson.encode(status)
+    .. ',"message":' .. cjson.encode('output dropped: today\'s result budget ('
+      .. cap .. ' MiB, result_mb_per_day) is stored already') .. ',"labels":' .. labels .. '}'
+end
+
 local function store(K, A, token, token_ttl)
   local qid, prefix, tenant = A[3], A[5], A[6]
   local payload = A[1]
@@ -24,6 +49,8 @@ local function store(K, A, token, token_ttl)
     local ms = (tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(A[15])) * 1000
     payload = string.gsub(payload, '"store_ms":null', string.format('"store_ms":%.3f', ms), 1)
   end
+  local usage = prefix .. 'usage:' .. tenant .. ':' .. A[7]
+  if tenant ~= '' then payload = within_budget(prefix, tenant, usage, payload, qid, A[8]) end
   if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
     redis.call('SET', K[7], token, 'EX', token_ttl)
     if K[2] ~= '' then
@@ -53,12 +80,11 @@ local function store(K, A, token, token_ttl)
     end
     redis.call('EXPIRE', K[6], A[21])
     if tenant ~= '' then
-      local usage = prefix .. 'usage:' .. tenant .. ':' .. A[7]
       redis.call('HINCRBY', usage, 'jobs', 1)
       redis.call('HINCRBY', usage, 'status:' .. A[8], 1)
       redis.call('HINCRBYFLOAT', usage, 'cpu_ms', A[9])
       redis.call('HINCRBYFLOAT', usage, 'wall_ms', A[10])
-      redis.call('HINCRBY', usage, 'bytes', A[11])
+      redis.call('HINCRBY', usage, 'bytes', #payload)  -- as stored (A[11] counts characters)
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)

@@ -4,7 +4,7 @@
 -- 8 CPU budget today in ms ("" for none), 9 UTC day, 10 Celery queue, 11 margin,
 -- 12 active expiry (s), 13 n, 14 stats ttl (s); then per job: qid, spec hash, state
 -- JSON, message; then max queued bytes, result bytes budget today ("" for none).
--- Returns {"ok", code per job ("new" | "same" | "conflict")...}, or a refusal
+-- Returns {"ok", the code of each job ("new" | "same" | "conflict"), space-separated}, or a refusal
 -- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
 -- | {"queue_bytes", queued bytes, these jobs' bytes, max} | {"budget", retry_after_s,
 -- "cpu" | "result_bytes"}: a refusal writes only its counter (jobs refused, by reason,
@@ -68,6 +68,9 @@ if new > 0 then
     return {'queue_full', waiting, max_queued}
   end
   local queued, sizes, adding = prefix .. 'queued:' .. tenant, {}, 0
+  if waiting == 0 then  -- nothing waits: nothing is held (see leave_queue)
+    redis.call('DEL', prefix .. 'sizes:' .. tenant, queued)
+  end
   for i = 0, n - 1 do
     if codes[i + 1] == 'new' then
       sizes[i + 1] = #ARGV[17 + 4 * i] + #ARGV[18 + 4 * i]
@@ -135,4 +138,4 @@ if new > 0 then
   end
 end
 dispatch(prefix, queue, margin, math.max(new, 1), expiry)
-return {'ok', unpack(codes)}
+return {'ok', table.concat(codes, ' ')}  -- one string: unpack fails past ~8,000 codes
