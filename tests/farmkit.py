@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from producer.client import FarmClient
-from producer.protocol import Settings
+from producer.protocol import Heartbeat, Settings
 from sandbox_core import defaults as d
 from sandbox_core.sweep import become_subreaper
 
@@ -64,6 +64,24 @@ def private_db(url: str):
             os.close(fd)
         return
     raise RuntimeError("no free Redis DB 1..15 for this test session")
+
+
+def announce_worker(
+    client: redis.Redis, settings: Settings, slots: int, name: str = "w", interval_s: float = 3600
+) -> None:
+    """A worker online by heartbeat alone: dispatch sees ``slots`` slots consuming the
+    queue and moves jobs into it, where the test takes them (as a worker's BRPOP)."""
+    beat = Heartbeat(
+        pid=1,
+        host="h",
+        slots=(0, slots),
+        uids=(None, None),
+        concurrency=slots,
+        queues=(settings.queue,),
+        ts=time.time(),
+        interval_s=interval_s,
+    )
+    client.hset(settings.keys.workers, name, beat.dump())
 
 
 def children(pid: int) -> list[int]:

@@ -21,6 +21,7 @@ from sandbox_core import JobResult, Status
 from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
     Farm,
+    announce_worker,
     collect_once,
     farm_db,
     make_farm,
@@ -179,24 +180,14 @@ def test_a_hard_time_limit_ends_the_chained_job_with_error(redis_url: str) -> No
     worker's main process with the chain's first message: the job the chain was running
     gets its `error` result there (nothing else would ever run it)."""
     from producer.client import FarmClient
-    from producer.protocol import Heartbeat, Settings
+    from producer.protocol import Settings
     from worker import jobs, tasks
 
     with private_db(redis_url) as url:
         settings = Settings(redis_url=url, queue="q-hard", key_prefix="hard:")
         client = FarmClient(settings=settings)
         scripts = FarmScripts(client.redis, settings)
-        beat = Heartbeat(
-            pid=1,
-            host="h",
-            slots=(0, 2),
-            uids=(None, None),
-            concurrency=2,
-            queues=(settings.queue,),
-            ts=time.time(),
-            interval_s=3600,
-        )
-        client.redis.hset(settings.keys.workers, "w", beat.dump())
+        announce_worker(client.redis, settings, 2)
         saved = jobs._client, jobs._scripts
         jobs._client, jobs._scripts = client.redis, scripts
         try:

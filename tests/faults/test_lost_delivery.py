@@ -15,9 +15,8 @@ import pytest
 
 from producer.client import FarmClient
 from producer.protocol.keys import KOMBU_UNACKED
-from producer.protocol.records import Heartbeat
 from sandbox_core import Status
-from tests.farmkit import Farm, farm_db, make_farm  # noqa: F401
+from tests.farmkit import Farm, announce_worker, farm_db, make_farm  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,17 +28,7 @@ GHOST = "ghost@nowhere"
 def ghost_worker(client: FarmClient, slots: int) -> None:
     """A heartbeat of a worker that consumes the queue but is this test: dispatch sees
     room and moves jobs into the Celery queue, where only the test takes them."""
-    beat = Heartbeat(
-        pid=1,
-        host="nowhere",
-        slots=(0, slots),
-        uids=(None, None),
-        concurrency=slots,
-        queues=(client.settings.queue,),
-        interval_s=1.0,
-        ts=time.time(),
-    )
-    client.redis.hset(client.keys.workers, GHOST, beat.dump())
+    announce_worker(client.redis, client.settings, slots, GHOST, interval_s=1.0)
     client.redis.expire(client.keys.workers, 60)
 
 

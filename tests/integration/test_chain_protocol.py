@@ -17,11 +17,11 @@ from typing import TypeVar
 import pytest
 
 from producer.client import FarmClient
-from producer.protocol import Heartbeat, RunningRecord, Settings
+from producer.protocol import RunningRecord, Settings
 from producer.protocol.messages import task_message
 from producer.protocol.scripts import ChainStep, Claimed, FarmScripts
 from sandbox_core import JobResult, Status
-from tests.farmkit import private_db
+from tests.farmkit import announce_worker, private_db
 
 RUNNING = RunningRecord(worker="test@host", pid=1, slot=0)
 T = TypeVar("T")
@@ -35,17 +35,7 @@ def farm(redis_url: str):
         tag = uuid.uuid4().hex[:6]
         settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"c-{tag}:")
         client = FarmClient(settings=settings)
-        beat = Heartbeat(
-            pid=1,
-            host="h",
-            slots=(0, 4),
-            uids=(None, None),
-            concurrency=4,
-            queues=(settings.queue,),
-            ts=time.time(),
-            interval_s=3600,
-        )
-        client.redis.hset(settings.keys.workers, "w", beat.dump())
+        announce_worker(client.redis, settings, 4)
         try:
             yield client, FarmScripts(client.redis, settings)
         finally:

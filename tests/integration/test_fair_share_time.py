@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import time
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -16,11 +15,11 @@ from datetime import UTC, datetime
 import pytest
 
 from producer.jobs import TenantJobs
-from producer.protocol import Heartbeat, RunningRecord, Settings, connect
+from producer.protocol import RunningRecord, Settings, connect
 from producer.protocol.scripts import FarmScripts
 from producer.protocol.tenants import Policy
 from sandbox_core import JobResult, JobSpec, Status
-from tests.farmkit import private_db
+from tests.farmkit import announce_worker, private_db
 
 SLOTS = 2
 RUNNING = RunningRecord(worker="test@host", pid=1, slot=0)
@@ -36,17 +35,7 @@ class SimulatedFarm:
         self.settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:")
         self.redis = connect(url)
         self.scripts = FarmScripts(self.redis, self.settings)
-        beat = Heartbeat(
-            pid=1,
-            host="h",
-            slots=(0, SLOTS),
-            uids=(None, None),
-            concurrency=SLOTS,
-            queues=(self.settings.queue,),
-            ts=time.time(),
-            interval_s=3600,
-        )
-        self.redis.hset(self.settings.keys.workers, "w", beat.dump())
+        announce_worker(self.redis, self.settings, SLOTS)
         self.held: dict[str, float] = defaultdict(float)  # tenant -> slot seconds
         self.ran: dict[str, int] = defaultdict(int)
 

@@ -25,12 +25,20 @@ import redis
 
 from producer.client import FarmClient
 from producer.jobs import TenantJobs
-from producer.protocol import Heartbeat, QuotaError, RunningRecord, Settings, connect
+from producer.protocol import QuotaError, RunningRecord, Settings, connect
 from producer.protocol.scripts import FarmScripts, utc_day
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import MIB, Policy
 from sandbox_core import JobResult, JobSpec, Status
-from tests.farmkit import SANDFARM, farm_db, free_port, make_farm, private_db, wait_for  # noqa: F401
+from tests.farmkit import (  # noqa: F401
+    SANDFARM,
+    announce_worker,
+    farm_db,
+    free_port,
+    make_farm,
+    private_db,
+    wait_for,
+)
 from tests.gatewaykit import api, tenant_farm  # noqa: F401
 
 RUNNING = RunningRecord(worker="test@host", pid=1, slot=0)
@@ -54,17 +62,7 @@ class Farm:
         return TenantJobs(self.redis, self.settings, name)
 
     def online(self) -> None:
-        beat = Heartbeat(
-            pid=1,
-            host="h",
-            slots=(0, 4),
-            uids=(None, None),
-            concurrency=4,
-            queues=(self.settings.queue,),
-            ts=time.time(),
-            interval_s=3600,
-        )
-        self.redis.hset(self.keys.workers, "w", beat.dump())
+        announce_worker(self.redis, self.settings, 4)
 
     def held(self, tenant: str) -> int:
         """The tenant's queued bytes, as admission reads them."""
