@@ -23,6 +23,22 @@ class Sandfarm(click.Group):
             fail(str(exc), 2 if isinstance(exc, IdConflictError) else 1)
         except SandfarmError as exc:  # a spec or policy refused
             fail(str(exc), 2)
+        except Exception as exc:
+            import redis  # loaded already by any command that reached Redis
+
+            if not isinstance(exc, redis.RedisError):
+                raise
+            fail(_redis_failure(exc), 1)
+
+
+def _redis_failure(exc: Exception) -> str:
+    """A Redis error a command met mid-way, in one line."""
+    import redis
+
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):  # maxmemory, noeviction
+        return "the farm's Redis is full (maxmemory): nothing was taken; try again later"
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"the farm's Redis failed: {first}"
 
 
 @click.group(cls=Sandfarm, context_settings={"help_option_names": ["-h", "--help"]})

@@ -22,12 +22,15 @@ chain is alive. A warm shutdown stops chains at their current job.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
+import redis
 from pydantic_core import from_json
 
 from producer.protocol import LateStepError, MessageMeta, RunningRecord, margins
@@ -36,6 +39,9 @@ from sandbox_core import JobResult
 from worker import events
 from worker.app import settings, slot_index, stopping
 from worker.jobs import Job, client, scripts, timeout_of
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def chain_s() -> float:
@@ -81,8 +87,8 @@ class Chain:
             self.running,
             self._events(job, result, text) if meta.qid != self.root else None,
         )
-        stored, claimed = scripts().finish_job(
-            result, meta.notify, meta.qid, meta.tenant, meta.ttl, step
+        stored, claimed = self._when_redis_has_room(
+            lambda: scripts().finish_job(result, meta.notify, meta.qid, meta.tenant, meta.ttl, step)
         )
         if claimed is None:
             return stored, None
@@ -93,6 +99,24 @@ class Chain:
         if timeout > room:
             raise LateStepError(taken.meta.qid, timeout, room)
         return stored, taken
+
+    def _when_redis_has_room(self, store: Callable[[], T]) -> T:
+        """``store()``, again while a full Redis refuses it (maxmemory, noeviction) and
+        the message is still this slot's (its visibility timeout): the refused script
+        wrote nothing (its first write is the result's SET), so the job is neither lost
+        nor run again. Past that, the error: the message is redelivered once there is
+        room, and the job runs again."""
+        pause = 0.1
+        while True:
+            try:
+                return store()
+            except redis.exceptions.OutOfMemoryError as exc:
+                if self.limit_s - (time.monotonic() - self.clock) <= pause:
+                    raise
+                if pause == 0.1:
+                    log.warning("Redis is full (%s): holding a result until it has room", exc)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     def _events(self, job: Job, result: JobResult, text: str) -> tuple[str, str] | None:
         """The task events of a job Celery never saw (published once it is stored)."""

@@ -18,16 +18,32 @@ on the channel's pool for every publish, delivery and ack, and redis-py copies i
 at 2 slots (py-spy, ops/bench/RESULTS.md; docket measured the same, its PR #461). A
 client is safe to share (each command checks a connection out of the pool; pipelines
 stay per use), so the channel keeps one, rebuilt when the channel's pool is replaced.
+
+3. A full Redis does not stop a worker. With ``maxmemory`` and ``noeviction``
+(ops/start_redis.sh, the stack's Redis) Redis refuses writes that add memory, and every
+command queued in a MULTI. kombu records a delivery, acks and requeues in MULTI
+transactions, and the OutOfMemoryError reached Celery's event loop as an
+"Unrecoverable error": the worker exited, and a job it had just popped was in no queue
+(tests/faults: a full Redis refusing a store). Now an ack removes its message without
+MULTI (ZREM and HDEL free memory; Redis allows them when full). A requeue Redis refuses
+leaves the message unacked: the visibility timeout redelivers it. A delivery Redis
+cannot record runs no job while Redis is full (begin_attempt writes first), and
+dispatch's recover() queues it again once its dispatch expires (in no queue and not
+unacked: lib_dispatch.lua).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+
+log = logging.getLogger(__name__)
 
 _original_connparams = kombu_redis.Channel._connparams
 
@@ -50,8 +66,50 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
     yield shared
 
 
+_QoS = kombu_redis.QoS
+_original_append, _original_ack, _original_reject = _QoS.append, _QoS.ack, _QoS.reject
+
+
+def _remove_when_full(qos: Any, delivery_tag: str) -> None:
+    """Ack ``delivery_tag`` in Redis without MULTI, which a full Redis refuses whole."""
+    with qos.channel.conn_or_acquire() as client:
+        pipe = client.pipeline(transaction=False)
+        pipe.zrem(qos.unacked_index_key, delivery_tag).hdel(qos.unacked_key, delivery_tag)
+        pipe.execute()
+
+
+def _append(self: Any, message: Any, delivery_tag: str) -> None:
+    try:
+        _original_append(self, message, delivery_tag)
+    except redis.exceptions.OutOfMemoryError as exc:
+        log.warning("Redis is full (%s): delivery %s is not recorded unacked", exc, delivery_tag)
+        virtual.QoS.append(self, message, delivery_tag)
+
+
+def _ack(self: Any, delivery_tag: str) -> None:
+    try:
+        _original_ack(self, delivery_tag)
+    except redis.exceptions.OutOfMemoryError:
+        _remove_when_full(self, delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+
+def _reject(self: Any, delivery_tag: str, requeue: bool = False) -> None:
+    try:
+        _original_reject(self, delivery_tag, requeue=requeue)
+    except redis.exceptions.OutOfMemoryError as exc:
+        if requeue:
+            log.warning("Redis is full (%s): %s stays unacked until redelivered", exc, delivery_tag)
+        else:
+            _remove_when_full(self, delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+
 def apply() -> None:
     channel = kombu_redis.Channel
     if channel._connparams is not _connparams:
         channel._connparams = _connparams  # type: ignore[method-assign]
         channel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign]
+        _QoS.append = _append  # type: ignore[method-assign]
+        _QoS.ack = _ack  # type: ignore[method-assign]
+        _QoS.reject = _reject  # type: ignore[method-assign]

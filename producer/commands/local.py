@@ -158,27 +158,43 @@ def _farm_checks(redis_url: str) -> list[dict[str, object]]:
     detail = problem or f"{redact(redis_url)} asks for credentials (or is not reachable)"
     return [
         {"name": "redis password", "active": problem is None, "detail": detail},
-        _memory_check(redis_url),
+        *_server_checks(redis_url),
     ]
 
 
-def _memory_check(redis_url: str) -> dict[str, object]:
-    """Tenants' quotas bound each one's bytes in Redis, not the sum: a Redis with no
+def _server_checks(redis_url: str) -> list[dict[str, object]]:
+    """Its version (the scripts declare their flags as Redis 7 reads them) and its memory
+    bound: tenants' quotas bound each one's bytes in Redis, not the sum: a Redis with no
     maxmemory grows until the host's OOM killer ends it, and one that evicts when full
     drops queued jobs and results without a word (noeviction refuses writes instead)."""
     import redis
 
-    from producer.protocol.connection import connect, redact
+    from producer.protocol.connection import connect
 
     name = "redis maxmemory"
     try:
         client = connect(redis_url, patient=False)
         try:
             config = {str(k): str(v) for k, v in client.config_get("maxmemory*").items()}
+            version = str(client.info("server").get("redis_version", "0"))
         finally:
             client.close()
     except (redis.RedisError, ValueError) as exc:
-        return {"name": name, "active": False, "detail": f"not known (CONFIG GET: {exc})"}
+        return [{"name": name, "active": False, "detail": f"not known (CONFIG GET: {exc})"}]
+    major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+    version_row = {
+        "name": "redis version",
+        "active": major >= 7,
+        "detail": f"Redis {version}"
+        + ("" if major >= 7 else ": the farm needs 7.0 or newer (its scripts' #!lua flags)"),
+    }
+    return [version_row, _memory_row(redis_url, config)]
+
+
+def _memory_row(redis_url: str, config: dict[str, str]) -> dict[str, object]:
+    from producer.protocol.connection import redact
+
+    name = "redis maxmemory"
     limit, policy = int(config.get("maxmemory", "0")), config.get("maxmemory-policy", "")
     fix = "ops/start_redis.sh sets both: SANDFARM_REDIS_MAXMEMORY"
     if limit == 0:

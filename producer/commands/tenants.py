@@ -12,7 +12,13 @@ import click
 from producer.commands.common import fail, reachable_settings
 from producer.protocol import FarmScripts, TenantError, connect
 from producer.protocol.tenant_store import TenantStore, text
-from producer.protocol.tenants import CAPPABLE, Policy
+from producer.protocol.tenants import (
+    CAPPABLE,
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_QUEUED_MB,
+    DEFAULT_RESULT_MB_PER_DAY,
+    Policy,
+)
 
 redis_url_option = click.option(
     "--redis-url", envvar="SANDFARM_REDIS_URL", help="Redis URL [env SANDFARM_REDIS_URL]"
@@ -45,8 +51,12 @@ def policy_options(func: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--weight", type=float, help="fair share against other tenants [1]"),
         click.option("--max-running", type=int, help="jobs dispatched at once [no cap]"),
-        click.option("--max-queued", type=int, help="jobs waiting at once [100000]"),
-        click.option("--max-queued-mb", type=int, help="MiB the jobs waiting may hold [1024]"),
+        click.option("--max-queued", type=int, help=f"jobs waiting at once [{DEFAULT_MAX_QUEUED}]"),
+        click.option(
+            "--max-queued-mb",
+            type=int,
+            help=f"MiB the jobs waiting may hold [{DEFAULT_MAX_QUEUED_MB}]",
+        ),
         click.option("--rate", type=float, help="submissions per second [no limit]"),
         click.option("--burst", type=int, help="rate bucket size [2 s of rate]"),
         click.option("--backends", help="allowed backends, comma-separated [all]"),
@@ -54,7 +64,11 @@ def policy_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--network/--no-network", default=None, help="may ask for network"),
         click.option("--result-ttl", "result_ttl_s", type=int, help="result lifetime, seconds"),
         click.option("--cpu-budget-s-per-day", type=float, help="CPU seconds a day [none]"),
-        click.option("--result-mb-per-day", type=int, help="MiB of results a day [4096]"),
+        click.option(
+            "--result-mb-per-day",
+            type=int,
+            help=f"MiB results keep a day [{DEFAULT_RESULT_MB_PER_DAY}]",
+        ),
     ]
     for option in reversed(options):
         func = option(func)

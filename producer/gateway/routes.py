@@ -68,6 +68,7 @@ JOBS: dict[str, Any] = {
 # After the first announcement, gather more for up to LINGER_S (fewer, fuller replies
 # under load), but stop once none arrives for LINGER_GAP_S (a batch's tail, a lone job).
 COMPLETIONS_LINGER_S = 0.2
+FULL_RETRY_AFTER_S = 30  # a full Redis frees room as results expire and jobs are taken
 COMPLETIONS_LINGER_GAP_S = 0.025
 CURSOR_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?~[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
@@ -93,6 +94,10 @@ def _translated() -> Iterator[None]:
         raise ProblemError(429, exc.reason, "Over quota", str(exc), headers=headers) from None
     except TenantError as exc:
         raise ProblemError(401, "unauthorized", "Unauthorized", str(exc)) from None
+    except redis.exceptions.OutOfMemoryError:  # maxmemory, noeviction: nothing was written
+        detail = "the farm's store is full (Redis maxmemory); nothing was taken, send it again"
+        headers = {"Retry-After": str(FULL_RETRY_AFTER_S)}
+        raise ProblemError(503, "full", "Unavailable", detail, headers=headers) from None
     except redis.RedisError:
         raise ProblemError(503, "unavailable", "Unavailable", "the farm's store is away") from None
 

@@ -36,10 +36,15 @@ _LIBRARIES = {
 
 @cache
 def source(name: str) -> str:
-    """The text of ``scripts/<name>.lua``, after the libraries it uses."""
+    """The text of ``scripts/<name>.lua``, after the libraries it uses (its ``#!lua``
+    line, if any, first: Redis reads a script's flags there)."""
     files = resources.files("producer.protocol").joinpath("scripts")
     parts = [files.joinpath(f"{lib}.lua").read_text() for lib in _LIBRARIES.get(name, ())]
-    return "\n".join([*parts, files.joinpath(f"{name}.lua").read_text()])
+    own = files.joinpath(f"{name}.lua").read_text()
+    if own.startswith("#!"):
+        shebang, _, own = own.partition("\n")
+        parts.insert(0, shebang)
+    return "\n".join([*parts, own])
 
 
 def _store_token() -> tuple[str, int]:

@@ -284,6 +284,38 @@ def test_stack_redis_refuses_a_client_without_the_password(stack: Stack) -> None
     assert redis.Redis(port=port, password=password, socket_timeout=5).ping()  # control
 
 
+def test_stack_redis_is_capped_and_refuses_writes_when_full(stack: Stack) -> None:
+    """A flood makes the stack's Redis refuse writes, never grow until the host's OOM
+    killer ends it (nor evict the farm's keys)."""
+    import redis
+
+    port = int(stack.env["SANDFARM_STACK_REDIS_PORT"])
+    client = redis.Redis(port=port, password=stack.env["SANDFARM_REDIS_PASSWORD"])
+    config = client.config_get("maxmemory*")
+    cap = int(config["maxmemory"])
+    assert 0 < cap <= _host_memory_bytes() // 2 + 1024, config
+    assert config["maxmemory-policy"] == "noeviction", config
+    # full: the cap just above what Redis holds now, then a write past it
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", used + 1_000_000)
+    try:
+        client.set("sandfarm-test:small", "x")  # the control: room for a small write
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("sandfarm-test:flood", "x" * 4_000_000)
+        assert client.exists("sandfarm-test:small")  # nothing evicted
+    finally:
+        client.config_set("maxmemory", cap)
+        client.delete("sandfarm-test:small", "sandfarm-test:flood")
+
+
+def _host_memory_bytes() -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal in /proc/meminfo")
+
+
 def test_stack_flower_refuses_requests_without_auth(stack: Stack) -> None:
     for path in ("/", "/tasks", "/workers", "/api/workers", "/api/tasks", "/api/task/info/x"):
         assert _flower(stack, path, auth=False).status_code == 401, path

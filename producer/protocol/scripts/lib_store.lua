@@ -17,15 +17,23 @@
 -- host's clock: JSON strings escape their quotes, so the first '"store_ms":null' is
 -- that field.
 -- Past its tenant's result budget for today (result_mb_per_day, counted in the bytes
--- stored), a result is kept without its output: its id, status and labels, and a
+-- kept: kept_by), a result is kept without its output: its id, status and labels, and a
 -- message saying why. Admission refuses the tenant's next jobs then, but the jobs it
 -- admitted before may still finish: their output cannot grow Redis past the budget.
+-- The budget counts what a result keeps in Redis (usage field 'kept'): its bytes and its
+-- job's keys besides (record, attempts, stored-by token, job-list entry: ~550 B for a
+-- short id, ~1,200 B for the longest, measured with MEMORY USAGE by test_tenant_bytes.py), so tiny jobs at a high
+-- rate are bounded too. 'bytes' stays the results' own bytes, as the usage shows them.
+local function kept_by(payload, qid, prefix)
+  return #payload + 512 + 6 * (#qid + #prefix)  -- the qid names 5 keys and a list entry
+end
+
 local LABELS_OBJECT = '"labels":{'
 local function within_budget(prefix, tenant, usage, payload, qid, status)
   local cap = tonumber(policy_of(prefix, tenant).result_mb_per_day)
   if not cap then return payload end
-  local used = tonumber(redis.call('HGET', usage, 'bytes') or '0')
-  if used + #payload <= cap * 1048576 then return payload end
+  local used = tonumber(redis.call('HGET', usage, 'kept') or '0')
+  if used + kept_by(payload, qid, prefix) <= cap * 1048576 then return payload end
   local labels = '{}'  -- the last '"labels":{' is the result's own (result_fields.py)
   local tail = string.sub(payload, -131072)
   local at, from = nil, 1
@@ -85,6 +93,7 @@ local function store(K, A, token, token_ttl)
       redis.call('HINCRBYFLOAT', usage, 'cpu_ms', A[9])
       redis.call('HINCRBYFLOAT', usage, 'wall_ms', A[10])
       redis.call('HINCRBY', usage, 'bytes', #payload)  -- as stored (A[11] counts characters)
+      redis.call('HINCRBY', usage, 'kept', kept_by(payload, qid, prefix))
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)

@@ -1,3 +1,7 @@
+#!lua
+-- (Redis 7's flags line, no flags: refused whole, before any write, while Redis is over
+-- its maxmemory. Without it Redis refuses only a script's first write that adds memory,
+-- and lets every write through once any write is done: this one's first can be a DEL.)
 -- Admit a tenant's jobs and dispatch what the farm has room for, in one atomic step.
 -- ARGV: 1 prefix, 2 tenant, 3 ttl (s), 4 mode ("all": refuse the whole call on any
 -- conflict; "some": take the rest), 5 max queued, 6 rate ("" for none), 7 burst,
@@ -54,8 +58,8 @@ if new > 0 then
       return {'budget', tostring(86400 - math.floor(now % 86400)), 'cpu'}
     end
   end
-  if result_budget then  -- the bytes of today's stored results (lib_store.lua counts them)
-    local stored = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'bytes') or '0')
+  if result_budget then  -- what today's stored results keep (lib_store.lua kept_by)
+    local stored = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'kept') or '0')
     if stored >= result_budget then
       refused('budget', n)
       return {'budget', tostring(86400 - math.floor(now % 86400)), 'result_bytes'}
