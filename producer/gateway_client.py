@@ -206,6 +206,9 @@ class GatewayClient:
             wait = round(max(0.01, min(WAIT_S, left)), 3)
             reply = self._json("GET", "/v1/completions", params={"wait": wait})
             found = [JobResult.model_validate(r) for r in reply["results"]]
+            named = [i for i in reply.get("pending", ()) if i in pending]  # not given back
+            if named:
+                found += list(self.results(named).values())
             found = [r for r in found if r.id in pending]
             if not found and time.monotonic() - last_rescan >= rescan_s:
                 found = list(self.results(list(pending)).values())

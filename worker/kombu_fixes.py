@@ -24,17 +24,19 @@ stay per use), so the channel keeps one, rebuilt when the channel's pool is repl
 command queued in a MULTI. kombu records a delivery, acks and requeues in MULTI
 transactions, and the OutOfMemoryError reached Celery's event loop as an
 "Unrecoverable error": the worker exited, and a job it had just popped was in no queue
-(tests/faults: a full Redis refusing a store). Now an ack removes its message without
-MULTI (ZREM and HDEL free memory; Redis allows them when full). A requeue Redis refuses
-leaves the message unacked: the visibility timeout redelivers it. A delivery Redis
-cannot record runs no job while Redis is full (begin_attempt writes first), and
-dispatch's recover() queues it again once its dispatch expires (in no queue and not
-unacked: lib_dispatch.lua).
+(tests/faults: a full Redis refusing a store). Now a delivery is recorded unacked by a
+script Redis runs even when full (``allow-oom``: the BRPOP just freed the message's
+bytes, and the record holds them again), so the visibility timeout always has it; an ack
+removes its message without MULTI (ZREM and HDEL free memory; Redis allows them when
+full); a requeue Redis refuses leaves the message unacked, for the visibility timeout.
+(An attack review: a delivery left unrecorded, of a job begun once before, was in no
+queue, not unacked, and past recover()'s reach: lost.)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,6 +44,7 @@ from typing import Any
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils.json import dumps
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +81,23 @@ def _remove_when_full(qos: Any, delivery_tag: str) -> None:
         pipe.execute()
 
 
+# kombu's append (ZADD the index, HSET the message), as one script a full Redis runs
+_RECORD_WHEN_FULL = """#!lua flags=allow-oom
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+
+
 def _append(self: Any, message: Any, delivery_tag: str) -> None:
     try:
         _original_append(self, message, delivery_tag)
-    except redis.exceptions.OutOfMemoryError as exc:
-        log.warning("Redis is full (%s): delivery %s is not recorded unacked", exc, delivery_tag)
+    except redis.exceptions.OutOfMemoryError:
+        delivery = message.delivery_info
+        raw = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        keys = (self.unacked_index_key, self.unacked_key)
+        with self.channel.conn_or_acquire() as client:
+            client.eval(_RECORD_WHEN_FULL, 2, *keys, time.time(), delivery_tag, raw)
         virtual.QoS.append(self, message, delivery_tag)
 
 

@@ -119,11 +119,25 @@ def reap_containers(judge: WorkerAlive | None = None) -> int:
     return reap_orphans(client, judge)
 
 
+# The heartbeat, when a full Redis refuses it: one worker's entry, rewritten in place
+# (allow-oom). Without it a live worker looks dead once Redis is full, and the others'
+# reapers take its jobs and containers (an attack review).
+_BEAT_WHEN_FULL = """#!lua flags=allow-oom
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+
 def beat(client: redis.Redis, key: str, name: str, info: Heartbeat, ttl: int) -> None:
+    record = info.model_copy(update={"ts": time.time()}).dump()
     pipe = client.pipeline(transaction=False)
-    pipe.hset(key, name, info.model_copy(update={"ts": time.time()}).dump())
+    pipe.hset(key, name, record)
     pipe.expire(key, ttl)
-    pipe.execute()
+    try:
+        pipe.execute()
+    except redis.exceptions.OutOfMemoryError:
+        client.eval(_BEAT_WHEN_FULL, 1, key, name, record, ttl)
 
 
 def _parent_alive(pid: int) -> bool:

@@ -234,7 +234,10 @@ def completions(
                 break
             ids += more
         found, withheld = who.jobs.results_within(ids, _reply_bytes(who))
-        who.jobs.give_back(who.done_key, withheld)  # announced again: the next ask has them
+        try:
+            who.jobs.give_back(who.done_key, withheld)  # announced again: the next ask has them
+        except redis.exceptions.OutOfMemoryError:  # a full Redis: named instead, never lost
+            return Results(results=list(found.values()), pending=list(withheld), unknown=[])
     return Results(results=list(found.values()), pending=[], unknown=[])
 
 

@@ -24,6 +24,7 @@ process's would; Prometheus takes that as a counter reset).
 from __future__ import annotations
 
 import bisect
+import contextlib
 
 import redis
 
@@ -70,8 +71,10 @@ def split(name: str) -> list[str]:
 
 def count_refused(client: redis.Redis, keys: Keys, tenant: str, reason: str, jobs: int) -> None:
     """Count ``jobs`` refused before admission's script ran (a policy cap): one round
-    trip, on the refusal path only."""
+    trip, on the refusal path only. A count Redis refuses (full) is skipped: the refusal
+    itself, not a 503, is the caller's answer."""
     pipe = client.pipeline(transaction=False)
     pipe.hincrby(keys.stats, field("refused", tenant, reason), jobs)
     pipe.expire(keys.stats, STATS_TTL_S)
-    pipe.execute()
+    with contextlib.suppress(redis.exceptions.OutOfMemoryError):
+        pipe.execute()

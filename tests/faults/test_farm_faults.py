@@ -10,12 +10,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
@@ -31,7 +28,7 @@ from tests.farmkit import (  # noqa: F401
     make_farm,
     wait_for,
 )
-from tests.gatewaykit import tenant_farm  # noqa: F401
+from tests.rediskit import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -110,61 +107,6 @@ def test_whole_worker_killed_mid_batch_every_job_completes(make_farm) -> None:  
         assert client.status()["duplicates"] == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RedisServer:
-    """A private redis-server with AOF (fsync always), restartable on the same port/dir."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.port = _free_port()
-        self.dir = tmp / "redis"
-        self.dir.mkdir()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-                "--dir",
-                str(self.dir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
-
-        def up() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.RedisError:
-                return False
-
-        wait_for(up, 10, 0.05, "redis-server up")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-
 def test_redis_restarted_mid_batch_loses_no_queued_job(make_farm, tmp_path: Path) -> None:  # noqa: F811
     if shutil.which("redis-server") is None:
         from tests.conftest import require
@@ -187,112 +129,6 @@ def test_redis_restarted_mid_batch_loses_no_queued_job(make_farm, tmp_path: Path
             for i, job_id in enumerate(ids):
                 assert results[job_id].status == Status.SUCCEEDED
                 assert results[job_id].steps[0].stdout == f"{i}\n"
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.kill()
-
-
-def _oom_errors(client: redis.Redis) -> int:
-    """Writes Redis refused as over its maxmemory (noeviction), since it started."""
-    stat = client.info("errorstats").get("errorstat_OOM") or {}
-    return int(stat.get("count", 0)) if isinstance(stat, dict) else 0
-
-
-@pytest.mark.parametrize("hold", ["held", "redelivered"])
-def test_a_full_redis_refusing_the_store_loses_no_result(
-    make_farm,  # noqa: F811
-    tmp_path: Path,
-    hold: str,
-) -> None:
-    """With noeviction (ops/start_redis.sh), a full Redis refuses writes: the result of a
-    job that finishes then cannot be stored. It killed the worker (kombu's requeue, in a
-    MULTI, raised in Celery's event loop) and the job never finished. Now the slot holds
-    the result until Redis has room while its message is its own (``held``: stored once,
-    the job ran once); past that (``redelivered``: a 6 s visibility timeout) the message
-    stays unacked and runs again once there is room. Either way: one result, the worker
-    alive and serving."""
-    if shutil.which("redis-server") is None:
-        from tests.conftest import require
-
-        require(False, "redis-server is not installed")
-    server = RedisServer(tmp_path)
-    server.start()
-    shared = shared_dir()
-    try:
-        env = FAST if hold == "redelivered" else {"SANDFARM_REAPER_INTERVAL_S": "1"}
-        farm: Farm = make_farm(SANDFARM_REDIS_URL=server.url, **env)
-        worker = farm.start_worker("full", 1)
-        admin = redis.Redis.from_url(server.url)
-        runs = shared / "runs"
-        with farm.client() as client:
-            job_id = client.submit({"command": f"echo ran >> {runs}; sleep 2; echo done"})
-            wait_for(runs.exists, 30, what="the job running")
-            admin.config_set("maxmemory", 1)  # full: every write that adds is refused
-            refused = _oom_errors(admin)
-            # the attack ran: the job ended and its store was refused; nothing is stored
-            wait_for(lambda: _oom_errors(admin) > refused, 30, what="a write refused")
-            time.sleep(3)
-            assert client.result(job_id) is None
-            assert worker.proc.poll() is None, farm.logs()
-            admin.config_set("maxmemory", 0)  # room again
-            result = collect_once(client, [job_id], 60, farm)[job_id]
-            assert result.status == Status.SUCCEEDED, (result, farm.logs())
-            assert result.steps[0].stdout == "done\n"
-            assert client.redis.get(client.keys.duplicates) in (None, b"0")
-            if hold == "held":
-                assert runs.read_text() == "ran\n"  # stored when there was room, not rerun
-            # the worker serves on
-            after = client.submit({"command": "echo next"})
-            assert collect_once(client, [after], 60, farm)[after].status == Status.SUCCEEDED
-            assert worker.proc.poll() is None
-            assert "Unrecoverable error" not in worker.log.read_text()
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.kill()
-
-
-def test_a_full_redis_refuses_submissions_clearly_and_takes_nothing(
-    tenant_farm,  # noqa: F811
-    tmp_path: Path,
-) -> None:
-    """Over HTTP, a full Redis is a 503 that says so (with Retry-After), never a
-    traceback, and nothing of the refused call is kept; with room, the same call is
-    taken."""
-    if shutil.which("redis-server") is None:
-        from tests.conftest import require
-
-        require(False, "redis-server is not installed")
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        tf = tenant_farm(SANDFARM_REDIS_URL=server.url)
-        gateway = tf.start_gateway()
-        key = tf.tenant("full")
-        admin = redis.Redis.from_url(server.url)
-        keys = tf.farm.settings.keys
-        jobs = {"jobs": [{"id": f"f-{i}", "command": "true"} for i in range(3)]}
-        with httpx.Client(base_url=gateway.url, timeout=30) as http:
-            headers = {"Authorization": f"Bearer {key}"}
-            assert http.get("/v1/usage", headers=headers).status_code == 200  # the control
-            admin.config_set("maxmemory", 1)
-            refused = _oom_errors(admin)
-            reply = http.post("/v1/jobs/batch", json=jobs, headers=headers)
-            assert _oom_errors(admin) > refused  # the attack ran: Redis refused the write
-            assert reply.status_code == 503, reply.text
-            assert reply.json()["type"].endswith("/full") and "full" in reply.json()["detail"]
-            assert int(reply.headers["Retry-After"]) > 0
-            assert "Traceback" not in reply.text
-            assert not admin.keys(keys.message("full/*")) and not admin.keys(keys.job("full/*"))
-            # the trusted CLI too: one line, exit 1
-            env = {**os.environ, **tf.farm.env}
-            cli = subprocess.run(
-                [SANDFARM, "submit", "--command", "true"], env=env, capture_output=True, text=True
-            )
-            assert cli.returncode == 1, (cli.stdout, cli.stderr)
-            assert "Redis is full" in cli.stderr and "Traceback" not in cli.stderr, cli.stderr
-            admin.config_set("maxmemory", 0)
-            assert http.post("/v1/jobs/batch", json=jobs, headers=headers).status_code == 202
-            assert len(admin.keys(keys.message("full/*"))) == 3
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.kill()

@@ -204,6 +204,14 @@ def test_a_removed_tenants_waiting_bytes_are_given_back(farm: Farm) -> None:
     assert farm.held("gone") == 0 and not farm.redis.exists(farm.keys.sizes("gone"))
 
 
+def _allocated(n: int) -> int:
+    """lib_store.lua's count of a result of ``n`` bytes: jemalloc's size class."""
+    if n <= 64:
+        return 64
+    step = 2 ** (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
 def test_a_spent_result_budget_refuses_over_http(tenant_farm) -> None:  # noqa: F811
     tf = tenant_farm()
     gateway = tf.start_gateway()
@@ -232,18 +240,29 @@ def test_a_spent_result_budget_refuses_over_http(tenant_farm) -> None:  # noqa: 
     # budget was checked only at admission, so a backlog admitted under it stored 17x it).
     kept, stored = counted(), counted("bytes")
     assert scripts.store_result(result("r-2", int(0.6 * MIB)), None, "spender/r-2", "spender")
-    assert counted() < 0.61 * MIB
-    job_keys = (counted() - kept) - (counted("bytes") - stored)  # the job's own keys
+    assert counted() < 0.65 * MIB  # r-1 in its size class (0.625 MiB), and a lean r-2
+    job_keys = (counted() - kept) - _allocated(counted("bytes") - stored + 16)  # its keys
     lean = spender.get("/v1/jobs/r-2").json()
     assert lean["status"] == "failed" and lean["labels"] == {"group": "g1"}
     assert "output dropped" in lean["message"] and "result_mb_per_day" in lean["message"]
-    # Bytes as stored, not characters: one that fills the budget exactly is kept whole.
+    # Bytes as stored, not characters: a result of 2-byte characters counts its bytes.
     last = result("r-3", 0)
-    room = MIB - counted() - len(last.model_dump_json().encode()) - job_keys
-    last.message = "\u00e9" * (room // 2)  # 2 bytes each in UTF-8
+    last.message = "\u00e9" * 50_000  # 2 bytes each in UTF-8
+    stored = counted("bytes")
     assert scripts.store_result(last, None, "spender/r-3", "spender")
-    assert MIB - 2 <= counted() <= MIB  # the day's budget is reached
+    assert counted("bytes") - stored == len(last.model_dump_json().encode())
     assert spender.get("/v1/jobs/r-3").json()["message"] == last.message
+    # Results that fill what is left, each kept whole, until less than 4 KiB is left.
+    fill = 0
+    while MIB - counted() > 4096:
+        room = MIB - counted() - job_keys
+        size = max(s for s in range(room - room // 4, room + 1, 8) if _allocated(s + 16) <= room)
+        made = result(f"f{fill:02d}", 0)  # an id as long as r-2's: the same keys
+        made.message = "z" * (size - len(made.model_dump_json().encode()))
+        assert scripts.store_result(made, None, f"spender/f{fill:02d}", "spender")
+        assert spender.get(f"/v1/jobs/f{fill:02d}").json()["message"] == made.message
+        fill += 1
+    assert MIB - 4096 <= counted() <= MIB and fill < 20  # the day's budget is reached
 
     reply = spender.post("/v1/jobs", json={"id": "r-4", "command": "true"})
     assert reply.status_code == 429, reply.text

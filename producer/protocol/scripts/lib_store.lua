@@ -20,20 +20,30 @@
 -- kept: kept_by), a result is kept without its output: its id, status and labels, and a
 -- message saying why. Admission refuses the tenant's next jobs then, but the jobs it
 -- admitted before may still finish: their output cannot grow Redis past the budget.
--- The budget counts what a result keeps in Redis (usage field 'kept'): its bytes and its
--- job's keys besides (record, attempts, stored-by token, job-list entry: ~550 B for a
--- short id, ~1,200 B for the longest, measured with MEMORY USAGE by test_tenant_bytes.py), so tiny jobs at a high
--- rate are bounded too. 'bytes' stays the results' own bytes, as the usage shows them.
-local function kept_by(payload, qid, prefix)
-  return #payload + 512 + 6 * (#qid + #prefix)  -- the qid names 5 keys and a list entry
+-- The budget counts what a result keeps in Redis (usage field 'kept'), so tiny jobs at a
+-- high rate are bounded too: its bytes as the allocator holds them (jemalloc: 4 size
+-- classes per doubling, up to 25% over the bytes) and its job's keys besides (record,
+-- attempts, stored-by token, job-list entry, a cancel mark; the submitting client's
+-- completion list, one per client name): ~550 B for a short id and no client, ~2.7 KB
+-- for the longest id, a new client and a cancel, at or above what MEMORY USAGE measures
+-- (test_tenant_bytes.py). 'bytes' stays the results' own bytes, as the usage shows them.
+local function allocated(n)
+  if n <= 64 then return 64 end
+  local step = 2 ^ (math.floor(math.log(n) / math.log(2)) - 2)
+  return math.ceil(n / step) * step
+end
+
+local function kept_by(payload, qid, prefix, notify)
+  local client = notify ~= '' and 256 + 2 * #notify or 0  -- its list, and the record's name
+  return allocated(#payload + 16) + 576 + 7 * (#qid + #prefix) + client
 end
 
 local LABELS_OBJECT = '"labels":{'
-local function within_budget(prefix, tenant, usage, payload, qid, status)
+local function within_budget(prefix, tenant, usage, payload, qid, status, notify)
   local cap = tonumber(policy_of(prefix, tenant).result_mb_per_day)
   if not cap then return payload end
   local used = tonumber(redis.call('HGET', usage, 'kept') or '0')
-  if used + kept_by(payload, qid, prefix) <= cap * 1048576 then return payload end
+  if used + kept_by(payload, qid, prefix, notify) <= cap * 1048576 then return payload end
   local labels = '{}'  -- the last '"labels":{' is the result's own (result_fields.py)
   local tail = string.sub(payload, -131072)
   local at, from = nil, 1
@@ -58,7 +68,7 @@ local function store(K, A, token, token_ttl)
     payload = string.gsub(payload, '"store_ms":null', string.format('"store_ms":%.3f', ms), 1)
   end
   local usage = prefix .. 'usage:' .. tenant .. ':' .. A[7]
-  if tenant ~= '' then payload = within_budget(prefix, tenant, usage, payload, qid, A[8]) end
+  if tenant ~= '' then payload = within_budget(prefix, tenant, usage, payload, qid, A[8], K[2]) end
   if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
     redis.call('SET', K[7], token, 'EX', token_ttl)
     if K[2] ~= '' then
@@ -93,7 +103,7 @@ local function store(K, A, token, token_ttl)
       redis.call('HINCRBYFLOAT', usage, 'cpu_ms', A[9])
       redis.call('HINCRBYFLOAT', usage, 'wall_ms', A[10])
       redis.call('HINCRBY', usage, 'bytes', #payload)  -- as stored (A[11] counts characters)
-      redis.call('HINCRBY', usage, 'kept', kept_by(payload, qid, prefix))
+      redis.call('HINCRBY', usage, 'kept', kept_by(payload, qid, prefix, K[2]))
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)
