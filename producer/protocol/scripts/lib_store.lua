@@ -35,7 +35,9 @@ end
 
 local function kept_by(payload, qid, prefix, notify)
   local client = notify ~= '' and 256 + 2 * #notify or 0  -- its list, and the record's name
-  return allocated(#payload + 16) + 576 + 7 * (#qid + #prefix) + client
+  -- 736: the job's fixed keys, and 16 B in each of the keyspace's two tables (keys,
+  -- expiries) for each of its 5 keys: the tables double in steps (a second review)
+  return allocated(#payload + 16) + 736 + 7 * (#qid + #prefix) + client
 end
 
 local LABELS_OBJECT = '"labels":{'
