@@ -113,8 +113,7 @@ class Chain:
             except redis.exceptions.OutOfMemoryError as exc:
                 if self.limit_s - (time.monotonic() - self.clock) <= pause:
                     raise
-                if pause == 0.1:
-                    log.warning("Redis is full (%s): holding a result until it has room", exc)
+                log.warning("Redis is full (%s): holding a result %.1f s for room", exc, pause)
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
 

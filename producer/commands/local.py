@@ -162,6 +162,9 @@ def _farm_checks(redis_url: str) -> list[dict[str, object]]:
     ]
 
 
+MEMORY_ROW = "redis maxmemory"
+
+
 def _server_checks(redis_url: str) -> list[dict[str, object]]:
     """Its version (the scripts declare their flags as Redis 7 reads them) and its memory
     bound: tenants' quotas bound each one's bytes in Redis, not the sum: a Redis with no
@@ -171,7 +174,6 @@ def _server_checks(redis_url: str) -> list[dict[str, object]]:
 
     from producer.protocol.connection import connect
 
-    name = "redis maxmemory"
     try:
         client = connect(redis_url, patient=False)
         try:
@@ -180,8 +182,9 @@ def _server_checks(redis_url: str) -> list[dict[str, object]]:
         finally:
             client.close()
     except (redis.RedisError, ValueError) as exc:
-        return [{"name": name, "active": False, "detail": f"not known (CONFIG GET: {exc})"}]
-    major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+        return [{"name": MEMORY_ROW, "active": False, "detail": f"not known (CONFIG GET: {exc})"}]
+    first = version.split(".")[0]
+    major = int(first) if first.isdigit() else 0
     version_row = {
         "name": "redis version",
         "active": major >= 7,
@@ -194,7 +197,6 @@ def _server_checks(redis_url: str) -> list[dict[str, object]]:
 def _memory_row(redis_url: str, config: dict[str, str]) -> dict[str, object]:
     from producer.protocol.connection import redact
 
-    name = "redis maxmemory"
     limit, policy = int(config.get("maxmemory", "0")), config.get("maxmemory-policy", "")
     fix = "ops/start_redis.sh sets both: SANDFARM_REDIS_MAXMEMORY"
     if limit == 0:
@@ -209,7 +211,7 @@ def _memory_row(redis_url: str, config: dict[str, str]) -> dict[str, object]:
         )
     else:
         detail = f"maxmemory {limit // 2**20} MiB, noeviction: when full, writes are refused"
-    return {"name": name, "active": limit > 0 and policy == "noeviction", "detail": detail}
+    return {"name": MEMORY_ROW, "active": limit > 0 and policy == "noeviction", "detail": detail}
 
 
 @click.command()

@@ -68,8 +68,8 @@ JOBS: dict[str, Any] = {
 # After the first announcement, gather more for up to LINGER_S (fewer, fuller replies
 # under load), but stop once none arrives for LINGER_GAP_S (a batch's tail, a lone job).
 COMPLETIONS_LINGER_S = 0.2
-FULL_RETRY_AFTER_S = 30  # a full Redis frees room as results expire and jobs are taken
 COMPLETIONS_LINGER_GAP_S = 0.025
+FULL_RETRY_AFTER_S = 30  # a full Redis frees room as results expire and jobs are taken
 CURSOR_RE = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?~[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 
 

@@ -20,7 +20,6 @@ from sandbox_core import Status
 from sandbox_core.sweep import pids_of_uid
 from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
-    SANDFARM,
     Farm,
     alive,
     collect_once,
@@ -28,7 +27,7 @@ from tests.farmkit import (  # noqa: F401
     make_farm,
     wait_for,
 )
-from tests.rediskit import RedisServer
+from tests.rediskit import private_redis
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,13 +107,7 @@ def test_whole_worker_killed_mid_batch_every_job_completes(make_farm) -> None:  
 
 
 def test_redis_restarted_mid_batch_loses_no_queued_job(make_farm, tmp_path: Path) -> None:  # noqa: F811
-    if shutil.which("redis-server") is None:
-        from tests.conftest import require
-
-        require(False, "redis-server is not installed")
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
+    with private_redis(tmp_path) as server:
         farm: Farm = make_farm(SANDFARM_REDIS_URL=server.url, **FAST)
         farm.env["SANDFARM_REDIS_URL"] = server.url
         farm.start_worker("rr", 2)
@@ -129,9 +122,6 @@ def test_redis_restarted_mid_batch_loses_no_queued_job(make_farm, tmp_path: Path
             for i, job_id in enumerate(ids):
                 assert results[job_id].status == Status.SUCCEEDED
                 assert results[job_id].steps[0].stdout == f"{i}\n"
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.kill()
 
 
 def test_channel_closed_after_broker_loss_is_a_connection_error(tmp_path: Path) -> None:
@@ -149,10 +139,8 @@ def test_channel_closed_after_broker_loss_is_a_connection_error(tmp_path: Path) 
     from worker import kombu_fixes
 
     assert kombu_redis.Channel._connparams is kombu_fixes._connparams
-    server = RedisServer(tmp_path)
-    server.start()
-    conn = Connection(server.url)
-    try:
+    with private_redis(tmp_path) as server:
+        conn = Connection(server.url)
         queue = conn.SimpleQueue("kombu-close")
         queue.put({"job": 1})
         queue.get(timeout=5)  # delivered, not acked: the close will try to restore it
@@ -167,9 +155,6 @@ def test_channel_closed_after_broker_loss_is_a_connection_error(tmp_path: Path) 
             channel._connparams()
         ignore_errors(conn, channel.close)  # Celery's cleanup: ignored, no crash
         assert channel.closed
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.kill()
 
 
 def test_job_killing_its_worker_every_time_ends_error(make_farm) -> None:  # noqa: F811
