@@ -137,8 +137,10 @@ class FarmClient:
             except IdConflictError as exc:
                 return exc.conflicts
             except QuotaError as exc:
-                too_big = exc.reason == "queue_bytes" and "alone" in str(exc)
-                if exc.reason == "budget" or (too_big and len(specs) == 1):
+                # a call over a bound on its own ("alone": its bytes, or its results'
+                # least share of a day's budget) goes in parts
+                too_big = exc.reason in ("queue_bytes", "budget") and "alone" in str(exc)
+                if (exc.reason == "budget" and not too_big) or (too_big and len(specs) == 1):
                     raise
                 burst = int(policy.bucket[1]) if policy.bucket else len(specs)
                 if too_big:

@@ -131,7 +131,7 @@ class GatewayClient:
                 assert isinstance(error, QuotaError)
                 full += error.reason in ("queue_full", "queue_bytes")
                 over_burst = error.reason == "rate" and "burst" in str(error)
-                too_big = error.reason == "queue_bytes" and "alone" in str(error)
+                too_big = error.reason in ("queue_bytes", "budget") and "alone" in str(error)
                 if len(unique) > 1 and (over_burst or too_big or full >= FULL_TRIES):
                     half = len(unique) // 2  # maybe more than could ever pass: in halves
                     self._send(unique[:half], ids, conflicts)

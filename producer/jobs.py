@@ -58,7 +58,8 @@ class TenantJobs:
             raise
         now = datetime.now(UTC)
         queue = self.settings.queue
-        jobs = [prepare(spec, self.tenant, policy, notify, queue, now) for spec in specs]
+        prefix = self.keys.prefix
+        jobs = [prepare(spec, self.tenant, policy, notify, queue, now, prefix) for spec in specs]
         return submit(self.scripts, self.tenant, policy, jobs, all_or_nothing=all_or_nothing)
 
     # --- out ----------------------------------------------------------------------

@@ -38,6 +38,9 @@ class JobState(_Record):
     """``Keys.job``: taken (SET NX) when a job is submitted, so an id runs once; ``spec``
     is the content hash of what the id names (the same id for another spec is refused)."""
 
+    # Of today's result budget, what admission charged the job (result_budget.py): first,
+    # so the scripts read it at a fixed place ('^{"kept":N'), past every other field's text.
+    kept: int | None = None
     at: datetime
     notify: str | None = None
     spec: str = ""

@@ -14,6 +14,7 @@ from producer.protocol.broker import TASK_NAME
 from producer.protocol.errors import IdConflictError, QuotaError
 from producer.protocol.messages import task_message
 from producer.protocol.records import JobState, MessageMeta, spec_hash
+from producer.protocol.result_budget import admission_charge
 from producer.protocol.scripts import FarmScripts, Submission
 from producer.protocol.tenants import MIB, Policy, qualified
 from sandbox_core import JobSpec, Limits
@@ -49,7 +50,13 @@ class Prepared:
 
 
 def prepare(
-    spec: JobSpec, tenant: str, policy: Policy, notify: str | None, queue: str, now: datetime
+    spec: JobSpec,
+    tenant: str,
+    policy: Policy,
+    notify: str | None,
+    queue: str,
+    now: datetime,
+    prefix: str,
 ) -> Prepared:
     assert spec.id is not None
     compact = compact_spec(spec)
@@ -67,7 +74,10 @@ def prepare(
         time_limit=spec.limits.timeout_s + margins.HARD_LIMIT_MARGIN_S,
         soft_time_limit=spec.limits.timeout_s + margins.SOFT_LIMIT_MARGIN_S,
     )
-    state = JobState(at=now, notify=notify, spec=digest, slot_s=spec.limits.timeout_s).dump()
+    kept = admission_charge(spec.id, spec.labels, qid, prefix, notify, policy.result_mb_per_day)
+    state = JobState(
+        kept=kept, at=now, notify=notify, spec=digest, slot_s=spec.limits.timeout_s
+    ).dump()
     return Prepared(spec.id, Submission(qid, digest, state, message))
 
 
@@ -140,7 +150,18 @@ def _quota_error(
     seconds = float(detail[0]) if detail else 3600.0
     if len(detail) > 1 and detail[1] == "result_bytes":
         cap = policy.result_mb_per_day
-        message = f"today's result budget of {cap} MiB (result_mb_per_day) is stored already"
+        charge = int(detail[3]) if len(detail) > 3 else 0
+        if charge > cap * MIB:  # tomorrow cannot help: a smaller call can
+            message = (
+                f"the results of these {count} jobs alone keep {charge / MIB:.1f} MiB at the"
+                f" least (ids, labels), over the result budget of {cap} MiB a day"
+                " (result_mb_per_day): send fewer per call"
+            )
+            return QuotaError(tenant, reason, message, 1.0)
+        message = (
+            f"today's result budget of {cap} MiB (result_mb_per_day) is stored already, or"
+            " held for the results of jobs admitted today"
+        )
         return QuotaError(tenant, reason, message, seconds)
     used = policy.cpu_budget_s_per_day or 0
     return QuotaError(tenant, reason, f"today's CPU budget of {used:g} s is spent", seconds)

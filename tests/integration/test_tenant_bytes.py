@@ -26,6 +26,7 @@ import redis
 from producer.client import FarmClient
 from producer.jobs import TenantJobs
 from producer.protocol import QuotaError, RunningRecord, Settings, connect
+from producer.protocol.result_budget import allocated, kept_by
 from producer.protocol.scripts import FarmScripts, utc_day
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import MIB, Policy
@@ -204,14 +205,6 @@ def test_a_removed_tenants_waiting_bytes_are_given_back(farm: Farm) -> None:
     assert farm.held("gone") == 0 and not farm.redis.exists(farm.keys.sizes("gone"))
 
 
-def _allocated(n: int) -> int:
-    """lib_store.lua's count of a result of ``n`` bytes: jemalloc's size class."""
-    if n <= 64:
-        return 64
-    step = 2 ** (n.bit_length() - 3)
-    return -(-n // step) * step
-
-
 def test_a_spent_result_budget_refuses_over_http(tenant_farm) -> None:  # noqa: F811
     tf = tenant_farm()
     gateway = tf.start_gateway()
@@ -238,10 +231,11 @@ def test_a_spent_result_budget_refuses_over_http(tenant_farm) -> None:  # noqa: 
     assert 0.6 * MIB < counted() < MIB
     # The next would pass the budget: it is kept without its output (an attack review: the
     # budget was checked only at admission, so a backlog admitted under it stored 17x it).
-    kept, stored = counted(), counted("bytes")
+    # What it keeps so was charged at its admission: the count does not move.
+    kept = counted()
     assert scripts.store_result(result("r-2", int(0.6 * MIB)), None, "spender/r-2", "spender")
-    assert counted() < 0.65 * MIB  # r-1 in its size class (0.625 MiB), and a lean r-2
-    job_keys = (counted() - kept) - _allocated(counted("bytes") - stored + 16)  # its keys
+    assert counted() == kept < 0.65 * MIB  # r-1 in its size class (0.625 MiB), 3 charges
+    job_keys = kept_by(0, "spender/f00", settings.keys.prefix, None) - allocated(16)
     lean = spender.get("/v1/jobs/r-2").json()
     assert lean["status"] == "failed" and lean["labels"] == {"group": "g1"}
     assert "output dropped" in lean["message"] and "result_mb_per_day" in lean["message"]
@@ -256,23 +250,35 @@ def test_a_spent_result_budget_refuses_over_http(tenant_farm) -> None:  # noqa: 
     fill = 0
     while MIB - counted() > 4096:
         room = MIB - counted() - job_keys
-        size = max(s for s in range(room - room // 4, room + 1, 8) if _allocated(s + 16) <= room)
+        size = max(s for s in range(room - room // 4, room + 1, 8) if allocated(s + 16) <= room)
         made = result(f"f{fill:02d}", 0)  # an id as long as r-2's: the same keys
         made.message = "z" * (size - len(made.model_dump_json().encode()))
         assert scripts.store_result(made, None, f"spender/f{fill:02d}", "spender")
         assert spender.get(f"/v1/jobs/f{fill:02d}").json()["message"] == made.message
         fill += 1
-    assert MIB - 4096 <= counted() <= MIB and fill < 20  # the day's budget is reached
-
-    reply = spender.post("/v1/jobs", json={"id": "r-4", "command": "true"})
+    assert MIB - 4096 <= counted() <= MIB and fill < 20  # the day's budget is nearly reached
+    # Jobs are admitted while what their results keep at the least fits, each charged that
+    # at once (its state record says how much); the next is refused.
+    admitted = 3
+    while True:
+        before = counted()
+        reply = spender.post("/v1/jobs", json={"id": f"r-{admitted + 1}", "command": "true"})
+        if reply.status_code != 202:
+            break
+        admitted += 1
+        record = json.loads(r.get(settings.keys.job(f"spender/r-{admitted}")) or "{}")
+        assert counted() - before == record["kept"] > 1000
+    assert 3 < admitted < 8 and counted() <= MIB
+    assert counted() + record["kept"] > MIB  # refused because the next would not fit
     assert reply.status_code == 429, reply.text
     body = reply.json()
     assert body["type"].endswith("/budget") and "result_mb_per_day" in body["detail"]
     assert "Traceback" not in reply.text
     retry = int(reply.headers["Retry-After"])
     assert 0 < retry <= 86_400 - int(time.time()) % 86_400 + 1  # the next UTC day
-    assert not r.exists(settings.keys.message("spender/r-4"), settings.keys.job("spender/r-4"))
-    batch = spender.post("/v1/jobs/batch", json={"jobs": [{"id": "r-5", "command": "true"}]})
+    refused = f"spender/r-{admitted + 1}"
+    assert not r.exists(settings.keys.message(refused), settings.keys.job(refused))
+    batch = spender.post("/v1/jobs/batch", json={"jobs": [{"id": "r-99", "command": "true"}]})
     assert batch.status_code == 429
     # The same budget, another tenant: unaffected.
     assert other.post("/v1/jobs", json={"id": "b-1", "command": "true"}).status_code == 202

@@ -19,7 +19,10 @@
 -- Past its tenant's result budget for today (result_mb_per_day, counted in the bytes
 -- kept: kept_by), a result is kept without its output: its id, status and labels, and a
 -- message saying why. Admission refuses the tenant's next jobs then, but the jobs it
--- admitted before may still finish: their output cannot grow Redis past the budget.
+-- admitted before may still finish: their output cannot grow Redis past the budget, and
+-- what they keep without it was charged at their admission (the job record's first field,
+-- result_budget.py), so the store counts only what a result keeps beyond its charge: the
+-- count is the larger of the two, never under what Redis holds.
 -- The budget counts what a result keeps in Redis (usage field 'kept'), so tiny jobs at a
 -- high rate are bounded too: its bytes as the allocator holds them (jemalloc: 4 size
 -- classes per doubling, up to 25% over the bytes) and its job's keys besides (record,
@@ -41,11 +44,15 @@ local function kept_by(payload, qid, prefix, notify)
 end
 
 local LABELS_OBJECT = '"labels":{'
-local function within_budget(prefix, tenant, usage, payload, qid, status, notify)
+local function beyond(charged, payload, qid, prefix, notify)
+  return math.max(0, kept_by(payload, qid, prefix, notify) - charged)
+end
+
+local function within_budget(prefix, tenant, usage, payload, qid, status, notify, charged)
   local cap = tonumber(policy_of(prefix, tenant).result_mb_per_day)
   if not cap then return payload end
   local used = tonumber(redis.call('HGET', usage, 'kept') or '0')
-  if used + kept_by(payload, qid, prefix, notify) <= cap * 1048576 then return payload end
+  if used + beyond(charged, payload, qid, prefix, notify) <= cap * 1048576 then return payload end
   local labels = '{}'  -- the last '"labels":{' is the result's own (result_fields.py)
   local tail = string.sub(payload, -131072)
   local at, from = nil, 1
@@ -70,7 +77,12 @@ local function store(K, A, token, token_ttl)
     payload = string.gsub(payload, '"store_ms":null', string.format('"store_ms":%.3f', ms), 1)
   end
   local usage = prefix .. 'usage:' .. tenant .. ':' .. A[7]
-  if tenant ~= '' then payload = within_budget(prefix, tenant, usage, payload, qid, A[8], K[2]) end
+  local record = prefix .. 'job:' .. qid
+  local charged = 0  -- a record of a job admitted before charges were: none
+  if tenant ~= '' then
+    charged = tonumber(string.match(redis.call('GET', record) or '', '^{"kept":(%d+)') or '0')
+    payload = within_budget(prefix, tenant, usage, payload, qid, A[8], K[2], charged)
+  end
   if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
     redis.call('SET', K[7], token, 'EX', token_ttl)
     if K[2] ~= '' then
@@ -83,7 +95,6 @@ local function store(K, A, token, token_ttl)
     redis.call('DEL', prefix .. 'msg:' .. qid)  -- final without a begin (rejected, cancelled)
     -- The job's record (its spec hash: a resubmission of the id with other code is a
     -- conflict) lives as long as its result, never less: its TTL ran from submission.
-    local record = prefix .. 'job:' .. qid
     local left = redis.call('TTL', record)
     if left >= 0 and left < tonumber(A[2]) then redis.call('EXPIRE', record, A[2]) end
     -- the counters: one HINCRBY each, bucket chosen by the caller (fixed bounds)
@@ -105,7 +116,7 @@ local function store(K, A, token, token_ttl)
       redis.call('HINCRBYFLOAT', usage, 'cpu_ms', A[9])
       redis.call('HINCRBYFLOAT', usage, 'wall_ms', A[10])
       redis.call('HINCRBY', usage, 'bytes', #payload)  -- as stored (A[11] counts characters)
-      redis.call('HINCRBY', usage, 'kept', kept_by(payload, qid, prefix, K[2]))
+      redis.call('HINCRBY', usage, 'kept', beyond(charged, payload, qid, prefix, K[2]))
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)

@@ -11,8 +11,11 @@
 -- Returns {"ok", the code of each job ("new" | "same" | "conflict"), space-separated}, or a refusal
 -- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
 -- | {"queue_bytes", queued bytes, these jobs' bytes, max} | {"budget", retry_after_s,
--- "cpu" | "result_bytes"}: a refusal writes only its counter (jobs refused, by reason,
--- in the stats hash). Queued bytes: leave_queue in lib_dispatch.lua.
+-- "cpu"} | {"budget", retry_after_s, "result_bytes", counted today, these jobs' charge}:
+-- a refusal writes only its counter (jobs refused, by reason, in the stats hash). Queued
+-- bytes: leave_queue in lib_dispatch.lua. The result budget: each new job's state record
+-- starts with its charge ('{"kept":N', result_budget.py), what its result keeps at the
+-- least; admission counts it in today's 'kept' at once, the store only what is more.
 local prefix, tenant = ARGV[1], ARGV[2]
 local ttl, mode = tonumber(ARGV[3]), ARGV[4]
 local max_queued, rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -26,13 +29,14 @@ local function refused(reason, count)
   redis.call('EXPIRE', stats, ARGV[14])
 end
 
-local codes, new, conflicts = {}, 0, {}
+local codes, new, conflicts, charge = {}, 0, {}, 0
 for i = 0, n - 1 do
   local qid, hash = ARGV[15 + 4 * i], ARGV[16 + 4 * i]
   local state = redis.call('GET', prefix .. 'job:' .. qid)
   if not state then
     codes[i + 1] = 'new'
     new = new + 1
+    charge = charge + tonumber(string.match(ARGV[17 + 4 * i], '^{"kept":(%d+)') or '0')
   else
     local ok, s = pcall(cjson.decode, state)
     local known = ok and type(s) == 'table' and s.spec or ''
@@ -58,13 +62,12 @@ if new > 0 then
       return {'budget', tostring(86400 - math.floor(now % 86400)), 'cpu'}
     end
   end
-  if result_budget then  -- what today's stored results keep (lib_store.lua kept_by)
-    local stored = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'kept') or '0')
-    -- spent once less room is left than a result without output and its keys take: the
-    -- count moves in allocator size classes, so it seldom lands on the budget itself
-    if stored + 4096 >= result_budget then
+  if result_budget then  -- what today's results keep (lib_store.lua kept_by), and charges
+    local counted = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'kept') or '0')
+    if counted + charge > result_budget then
       refused('budget', n)
-      return {'budget', tostring(86400 - math.floor(now % 86400)), 'result_bytes'}
+      return {'budget', tostring(86400 - math.floor(now % 86400)), 'result_bytes',
+        tostring(counted), tostring(charge)}
     end
   end
   local pending = prefix .. 'pending:' .. tenant
@@ -131,6 +134,11 @@ if new > 0 then
   end
   flush()
   redis.call('INCRBY', queued, adding)
+  if charge > 0 then
+    local usage = prefix .. 'usage:' .. tenant .. ':' .. day
+    redis.call('HINCRBY', usage, 'kept', charge)
+    redis.call('EXPIRE', usage, 9 * 86400)  -- as lib_store.lua's
+  end
   redis.call('ZREMRANGEBYSCORE', jobs, '-inf', now - ttl)
   redis.call('SADD', prefix .. 'ready', tenant)
   -- refreshed while in use; gone once the farm is idle. The farm's own keys (every

@@ -1,0 +1,139 @@
+"""A backlog admitted under a tenant's result budget cannot store past it.
+
+An attack review: the budget (result_mb_per_day) was checked at admission against what
+was stored already, so a tenant queued jobs while nothing of its had finished, and every
+one of them then stored its result without output (id, status, labels: up to ~9 KB with
+32 labels of 256 B) past the budget: 20 MiB under a 1 MiB budget with 1,000 jobs. Now
+admission charges each job what its result keeps at the least (result_budget.py), so the
+backlog is refused at the budget. Through a real gateway over HTTP and a real worker
+running every admitted job."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from producer.protocol import connect
+from producer.protocol.result_budget import allocated, kept_by
+from producer.protocol.scripts import utc_day
+from producer.protocol.tenants import MIB
+from sandbox_core import JobResult, JobSpec, Status
+from tests.farmkit import farm_db, make_farm, wait_for  # noqa: F401
+from tests.gatewaykit import api, tenant_farm  # noqa: F401
+from tests.integration.test_tenant_bytes import Farm, farm  # noqa: F401
+
+LABELS = {f"k{i:02d}": chr(ord("a") + i % 26) * 250 for i in range(32)}  # ~8.5 KB as JSON
+OUTPUT = "printf '%04000d' 0"  # 4,000 B of stdout
+
+
+def _memory(r: redis.Redis, prefix: str) -> int:
+    """What every key of this farm holds, by Redis's MEMORY USAGE."""
+    keys = list(r.scan_iter(match=f"{prefix}*", count=1000))
+    return sum(int(r.memory_usage(k) or 0) for k in keys)
+
+
+def test_a_backlog_admitted_under_the_result_budget_cannot_store_past_it(tenant_farm) -> None:  # noqa: F811
+    tf = tenant_farm()
+    gateway = tf.start_gateway()
+    settings = tf.farm.settings
+    keys, prefix = settings.keys, settings.keys.prefix
+    r = connect(settings.redis_url)
+    hoarder = api(gateway, tf.tenant("hoarder", result_mb_per_day=1))
+    bystander = api(gateway, tf.tenant("bystander", result_mb_per_day=1))
+    usage = keys.usage("hoarder", utc_day())
+
+    def job(n: int) -> dict:
+        return {"id": f"h-{n:04d}", "command": OUTPUT, "labels": LABELS}
+
+    # A call whose results alone could never fit in a day's budget is refused whole, with
+    # what to do instead; nothing of it is kept or charged.
+    whole = hoarder.post("/v1/jobs/batch", json={"jobs": [job(9000 + n) for n in range(150)]})
+    assert whole.status_code == 429, whole.text
+    assert "send fewer per call" in whole.json()["detail"]
+    assert int(whole.headers["Retry-After"]) <= 1 and "Traceback" not in whole.text
+    assert not r.exists(keys.job("hoarder/h-9000")) and not r.hexists(usage, "kept")
+
+    # The attack: no worker runs yet, so nothing of the tenant's is stored; it queues
+    # labels-heavy jobs in calls of 10 until refused (the old admission took all 300).
+    before = _memory(r, prefix)
+    admitted, refusal = 0, None
+    while admitted < 300:
+        calls = [job(admitted + n) for n in range(10)]
+        reply = hoarder.post("/v1/jobs/batch", json={"jobs": calls})
+        if reply.status_code != 202:
+            refusal = reply
+            break
+        admitted += 10
+    assert refusal is not None and refusal.status_code == 429, admitted
+    assert refusal.json()["type"].endswith("/budget") and "held for the results" in refusal.text
+    charge = json.loads(r.get(keys.job("hoarder/h-0000")) or "{}")["kept"]
+    assert charge > len(json.dumps(LABELS))  # what a result without output keeps, at least
+    assert 50 <= admitted <= MIB // charge  # it ran, and stopped at the budget
+    assert int(r.hget(usage, "kept") or 0) == admitted * charge  # charged at admission
+    assert r.llen(keys.pending("hoarder")) == admitted  # the backlog, all waiting
+
+    # A worker runs every admitted job: each ends with a result, as it ran.
+    tf.farm.start_worker("w", concurrency=2)
+    qids = [f"hoarder/h-{n:04d}" for n in range(admitted)]
+    wait_for(lambda: all(r.exists(keys.result(q)) for q in qids), 180, 0.2, "every result")
+    results = [json.loads(raw) for raw in r.mget([keys.result(q) for q in qids])]
+    assert {res["status"] for res in results} == {"succeeded"}  # every job ran
+    lean = [res for res in results if "output dropped" in (res.get("message") or "")]
+    assert lean and all(res["labels"] == LABELS for res in results)
+    # What each lean result keeps was charged before it ran: its store counted nothing.
+    for res in lean:
+        qid = f"hoarder/{res['id']}"
+        record = json.loads(r.get(keys.job(qid)) or "{}")
+        payload = r.strlen(keys.result(qid))
+        assert kept_by(payload, qid, prefix, record.get("notify")) <= record["kept"]
+
+    # Redis grew by about the budget, no more (the old admission: ~3 MiB for these 300).
+    counted = int(r.hget(usage, "kept") or 0)
+    held = sum(int(r.memory_usage(keys.result(q)) or 0) for q in qids)
+    assert 0.6 * MIB < held <= counted <= MIB  # the results are there, within the count
+    grown = _memory(r, prefix) - before
+    assert grown <= 1.1 * MIB, grown  # the results, their keys and the worker's own
+    # The budget is spent for today; another tenant's is its own.
+    assert hoarder.post("/v1/jobs", json=job(5000)).status_code == 429
+    assert bystander.post("/v1/jobs", json={"id": "b-1", "command": "true"}).status_code == 202
+
+
+SHAPES = {  # what makes a result without output long: its id, labels, escapes, a client
+    "L" + "x" * 127: ({}, None),
+    "accents": ({f"k{i:02d}": "\u00e9" * 128 for i in range(32)}, None),
+    "escapes": ({f'"\\{i:02d}\x01': '"\\\n\x01' * 64 for i in range(32)}, "done:client-1"),
+    "client": ({"group": "g1"}, "done:" + "c" * 64),
+}
+
+
+def test_the_admission_charge_covers_every_result_without_output(farm: Farm) -> None:  # noqa: F811
+    """Charged at admission, a result kept without its output adds nothing at its store,
+    whatever its id, labels (non-ASCII, escaped: up to 6 bytes a character as JSON),
+    status or client: the charge is at least what it keeps (lib_store.lua kept_by)."""
+    farm.online()
+    jobs = farm.tenant("edge", result_mb_per_day=1)
+    usage = farm.keys.usage("edge", utc_day())
+    for job_id, (labels, notify) in SHAPES.items():
+        spec = JobSpec(id=job_id, command="true", labels=labels)
+        jobs.submit([spec], notify, all_or_nothing=True)
+    charged = int(farm.redis.hget(usage, "kept") or 0)
+    # The rest of the day's budget goes to a result stored with its output.
+    room = MIB - charged - 4096 - kept_by(0, "edge/filler", farm.keys.prefix, None)
+    size = max(s for s in range(room // 2, room, 64) if allocated(s + 16) <= room)
+    filler = JobResult(id="filler", status=Status.SUCCEEDED)
+    filler.message = "f" * (size - len(filler.model_dump_json()))
+    assert farm.scripts.store_result(filler, None, "edge/filler", "edge")
+    spent = int(farm.redis.hget(usage, "kept") or 0)
+    assert MIB - 0.3 * MIB < spent <= MIB - 4096  # stored whole: the rest is spent
+    for n, (job_id, (labels, notify)) in enumerate(SHAPES.items()):
+        qid = jobs.qid(job_id)
+        status = Status.MEMORY_EXCEEDED if n % 2 else Status.CANCELLED  # the longest, another
+        result = JobResult(id=job_id, status=status, message="m" * 400_000, labels=labels)
+        assert farm.scripts.store_result(result, notify, qid, "edge")
+        stored = json.loads(farm.redis.get(farm.keys.result(qid)) or "{}")
+        assert "output dropped" in stored["message"] and stored["labels"] == labels  # lean
+        record = json.loads(farm.redis.get(farm.keys.job(qid)) or "{}")
+        keeps = kept_by(farm.redis.strlen(farm.keys.result(qid)), qid, farm.keys.prefix, notify)
+        assert keeps <= record["kept"] <= keeps * 1.3, (job_id, keeps, record["kept"])
+    assert int(farm.redis.hget(usage, "kept") or 0) == spent  # nothing more was counted
