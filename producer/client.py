@@ -96,8 +96,9 @@ class FarmClient:
         the result TTL) with the same spec, or repeated in ``specs``, is returned but not
         sent again; an id taken by a different spec raises IdConflictError once the rest
         are sent (its ``submitted`` lists their ids). Over the tenant's rate or queue it
-        waits and sends again (a chunk over its bytes bound on its own, in parts); over
-        its CPU or result budget, or for a job alone over that bound: QuotaError.
+        waits and sends again (a chunk a smaller call would pass, in parts); over its CPU
+        or result budget, or for a job alone over a bound: QuotaError (its ``submitted``
+        lists the ids admitted before).
         """
         policy = self.jobs.tenants.ensure(self.tenant, TRUSTED_POLICY)
         ids: list[str] = []
@@ -106,7 +107,12 @@ class FarmClient:
         order: list[str] = []
 
         def flush() -> None:
-            conflicts.extend(self._submit_patiently(list(chunk.values()), policy))
+            admitted: list[str] = []
+            try:
+                conflicts.extend(self._submit_patiently(list(chunk.values()), policy, admitted))
+            except QuotaError as exc:
+                exc.submitted = [*ids, *admitted]
+                raise
             ids.extend(i for i in order if i not in conflicts)
             chunk.clear()
             order.clear()
@@ -126,31 +132,35 @@ class FarmClient:
             raise IdConflictError(conflicts, ids)
         return ids
 
-    def _submit_patiently(self, specs: list[JobSpec], policy: Policy) -> list[str]:
-        """Submit ``specs``; returns the ids refused as conflicts. Over the tenant's rate
-        or queue it waits as long as the farm says and sends again (a chunk over the
-        bucket's burst goes in parts), as GatewayClient does; a spent budget raises."""
+    def _submit_patiently(
+        self, specs: list[JobSpec], policy: Policy, admitted: list[str]
+    ) -> list[str]:
+        """Submit ``specs`` (their ids go to ``admitted`` as they are); returns the ids
+        refused as conflicts. Over the tenant's rate or queue it waits as long as the
+        farm says and sends again; a call a smaller one would pass goes in parts (over the
+        bucket's burst: in bursts), as GatewayClient does; a spent budget raises."""
         while True:
             try:
                 self.jobs.submit(specs, self.done_key, all_or_nothing=False, policy=policy)
+                admitted.extend(spec.id or "" for spec in specs)
                 return []
             except IdConflictError as exc:
+                admitted.extend(spec.id or "" for spec in specs if spec.id not in exc.conflicts)
                 return exc.conflicts
             except QuotaError as exc:
-                # a call over a bound on its own ("alone": its bytes, or its results'
-                # least share of a day's budget) goes in parts
-                too_big = exc.reason in ("queue_bytes", "budget") and "alone" in str(exc)
-                if (exc.reason == "budget" and not too_big) or (too_big and len(specs) == 1):
-                    raise
                 burst = int(policy.bucket[1]) if policy.bucket else len(specs)
-                if too_big:
+                if exc.fewer and exc.reason != "rate":
                     burst = (len(specs) + 1) // 2
-                if (exc.reason == "rate" or too_big) and len(specs) > max(burst, 1):
+                if (exc.reason == "rate" or exc.fewer) and len(specs) > max(burst, 1):
                     return [
                         conflict
                         for start in range(0, len(specs), burst)
-                        for conflict in self._submit_patiently(specs[start : start + burst], policy)
+                        for conflict in self._submit_patiently(
+                            specs[start : start + burst], policy, admitted
+                        )
                     ]
+                if exc.reason == "budget" or exc.fewer:
+                    raise
                 time.sleep(exc.retry_after_s)
 
     # --- results ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ Retry-After says, then sends again.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -93,20 +94,25 @@ class GatewayClient:
         self, specs: Iterable[JobSpec | dict[str, Any]], batch: int = BATCH
     ) -> list[str]:
         """Enqueue jobs; returns their ids in order. IdConflictError (after the rest are
-        sent) for ids that name another job; QuotaError only when waiting cannot help."""
+        sent) for ids that name another job; QuotaError only when waiting cannot help (its
+        ``submitted`` lists the ids admitted before)."""
         ids: list[str] = []
         conflicts: list[str] = []
         chunk: list[dict[str, Any]] = []
-        for item in specs:
-            spec = item if isinstance(item, JobSpec) else parse_spec(item)
-            if spec.id is None:
-                spec = spec.model_copy(update={"id": uuid.uuid4().hex})
-            chunk.append(spec.model_dump(mode="json", exclude_none=True))
-            if len(chunk) >= min(batch, BATCH):
+        try:
+            for item in specs:
+                spec = item if isinstance(item, JobSpec) else parse_spec(item)
+                if spec.id is None:
+                    spec = spec.model_copy(update={"id": uuid.uuid4().hex})
+                chunk.append(spec.model_dump(mode="json", exclude_none=True))
+                if len(chunk) >= min(batch, BATCH):
+                    self._send(chunk, ids, conflicts)
+                    chunk = []
+            if chunk:
                 self._send(chunk, ids, conflicts)
-                chunk = []
-        if chunk:
-            self._send(chunk, ids, conflicts)
+        except QuotaError as exc:
+            exc.submitted = list(ids)
+            raise
         if conflicts:
             raise IdConflictError(conflicts, ids)
         return ids
@@ -130,14 +136,12 @@ class GatewayClient:
                 error = _error(response)
                 assert isinstance(error, QuotaError)
                 full += error.reason in ("queue_full", "queue_bytes")
-                over_burst = error.reason == "rate" and "burst" in str(error)
-                too_big = error.reason in ("queue_bytes", "budget") and "alone" in str(error)
-                if len(unique) > 1 and (over_burst or too_big or full >= FULL_TRIES):
+                if len(unique) > 1 and (error.fewer or full >= FULL_TRIES):
                     half = len(unique) // 2  # maybe more than could ever pass: in halves
                     self._send(unique[:half], ids, conflicts)
                     self._send(unique[half:], ids, conflicts)
                     return
-                if error.reason == "budget" or too_big:
+                if error.reason == "budget" or error.fewer:
                     raise error
                 time.sleep(error.retry_after_s)
                 continue
@@ -255,7 +259,10 @@ def _error(response: httpx.Response) -> Exception:
     if status == 429:
         reason = str(problem.get("type", "")).rsplit("/", 1)[-1]
         retry = float(response.headers.get("Retry-After", "1"))
-        return QuotaError("(this tenant)", reason, detail, retry)
+        # the detail is a QuotaError's text: "tenant 'name': what" (not said twice)
+        named = re.fullmatch(r"tenant '([a-z0-9-]+)': (.*)", detail, re.DOTALL)
+        tenant, detail = (named[1], named[2]) if named else ("(this tenant)", detail)
+        return QuotaError(tenant, reason, detail, retry, fewer=bool(problem.get("fewer")))
     if status == 422:
         field = str(problem.get("field") or "job")
         reason = detail.removeprefix(f"{field}: ")

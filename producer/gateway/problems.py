@@ -28,6 +28,9 @@ class Problem(BaseModel):
     detail: str
     field: str | None = Field(None, description="the request field at fault")
     ids: list[str] | None = Field(None, description="the job ids concerned")
+    fewer: bool | None = Field(
+        None, description="429: this call can never pass (or not today), a smaller one can"
+    )
 
 
 class ProblemError(Exception):
@@ -43,10 +46,17 @@ class ProblemError(Exception):
         field: str | None = None,
         ids: list[str] | None = None,
         headers: dict[str, str] | None = None,
+        fewer: bool | None = None,
     ) -> None:
         super().__init__(detail)
         self.problem = Problem(
-            type=TYPES + kind, title=title, status=status, detail=detail, field=field, ids=ids
+            type=TYPES + kind,
+            title=title,
+            status=status,
+            detail=detail,
+            field=field,
+            ids=ids,
+            fewer=fewer,
         )
         self.headers = headers or {}
 

@@ -91,7 +91,10 @@ def _translated() -> Iterator[None]:
             "RateLimit-Remaining": "0",
             "RateLimit-Reset": str(retry),
         }
-        raise ProblemError(429, exc.reason, "Over quota", str(exc), headers=headers) from None
+        fewer = exc.fewer or None
+        raise ProblemError(
+            429, exc.reason, "Over quota", str(exc), headers=headers, fewer=fewer
+        ) from None
     except TenantError as exc:
         raise ProblemError(401, "unauthorized", "Unauthorized", str(exc)) from None
     except redis.exceptions.OutOfMemoryError:  # maxmemory, noeviction: nothing was written

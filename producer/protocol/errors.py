@@ -58,12 +58,24 @@ class TenantError(FarmError, ValueError):
 class QuotaError(FarmError, RuntimeError):
     """A tenant's quota refused a submission: ``reason`` ("rate", "queue_full",
     "queue_bytes", "budget": CPU or result bytes) and how long to wait before trying
-    again (``retry_after_s``), nothing accepted."""
+    again (``retry_after_s``), nothing of that call accepted. ``fewer``: the same call
+    can never pass (or not today), but a smaller one can (a client splits it).
+    ``submitted``: the ids a client's earlier calls got admitted (submit_many)."""
 
-    def __init__(self, tenant: str, reason: str, message: str, retry_after_s: float) -> None:
+    def __init__(
+        self,
+        tenant: str,
+        reason: str,
+        message: str,
+        retry_after_s: float,
+        *,
+        fewer: bool = False,
+    ) -> None:
         self.tenant = tenant
         self.reason = reason
         self.retry_after_s = retry_after_s
+        self.fewer = fewer
+        self.submitted: list[str] = []
         super().__init__(f"tenant {tenant!r}: {message}")
 
 

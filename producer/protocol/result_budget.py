@@ -3,12 +3,13 @@ counts it: lib_store.lua's kept_by, mirrored here for admission.
 
 Admission charges each new job, in today's count, the least its result will keep: the
 result a store past the budget writes (its id, status, labels and a message, no output)
-and the job's keys. The store then counts only what the result keeps beyond that charge
-(lib_store.lua), so the count never falls under what Redis holds, and a backlog admitted
-under the budget cannot store past it (an attack review: 3,000 jobs queued before a
-1 MiB budget ran out stored 2.7 MiB without output; with 16 KB labels, 20 MiB with
-1,000 jobs). The charge is recorded first in the job's state record (JobState.kept),
-where both scripts read it.
+and the job's keys. The store then counts what the result keeps less that charge
+(lib_store.lua; a job stored on another day is counted whole there, its charge given
+back), so a day's count is what its results keep plus the charges of jobs not stored
+yet, and a backlog admitted under the budget cannot store past it (an attack review:
+3,000 jobs queued before a 1 MiB budget ran out stored 2.7 MiB without output; with
+16 KB labels, 20 MiB with 1,000 jobs). The charge and its day lead the job's state
+record (JobState.kept, kept_on), where both scripts read them.
 """
 
 from __future__ import annotations

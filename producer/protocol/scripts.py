@@ -138,6 +138,7 @@ class FarmScripts:
         cpu_budget_ms: float | None,
         max_queued_bytes: int | None = None,
         result_bytes_budget: int | None = None,
+        day: str | None = None,
         client: redis.Redis | redis.client.Pipeline | None = None,
     ) -> Admitted:
         rate, burst = bucket if bucket else ("", "")
@@ -150,7 +151,7 @@ class FarmScripts:
             rate,
             burst,
             "" if cpu_budget_ms is None else cpu_budget_ms,
-            utc_day(),
+            day or utc_day(),
             self.settings.queue,
             self.settings.dispatch_margin,
             self.settings.visibility_timeout,

@@ -15,7 +15,7 @@ from producer.protocol.errors import IdConflictError, QuotaError
 from producer.protocol.messages import task_message
 from producer.protocol.records import JobState, MessageMeta, spec_hash
 from producer.protocol.result_budget import admission_charge
-from producer.protocol.scripts import FarmScripts, Submission
+from producer.protocol.scripts import FarmScripts, Submission, utc_day
 from producer.protocol.tenants import MIB, Policy, qualified
 from sandbox_core import JobSpec, Limits
 
@@ -47,6 +47,7 @@ class Prepared:
 
     job_id: str
     submission: Submission
+    day: str  # the UTC day its result-budget charge names (JobState.kept_on)
 
 
 def prepare(
@@ -76,9 +77,14 @@ def prepare(
     )
     kept = admission_charge(spec.id, spec.labels, qid, prefix, notify, policy.result_mb_per_day)
     state = JobState(
-        kept=kept, at=now, notify=notify, spec=digest, slot_s=spec.limits.timeout_s
+        kept=kept,
+        kept_on=utc_day(now),  # submit() is given the same day
+        at=now,
+        notify=notify,
+        spec=digest,
+        slot_s=spec.limits.timeout_s,
     ).dump()
-    return Prepared(spec.id, Submission(qid, digest, state, message))
+    return Prepared(spec.id, Submission(qid, digest, state, message), utc_day(now))
 
 
 def submit(
@@ -96,6 +102,8 @@ def submit(
     IdConflictError for ids that name another spec: with ``all_or_nothing`` nothing is
     taken then; without, the others are (its ``submitted`` lists them)."""
     budget = policy.cpu_budget_s_per_day
+    # jobs prepared together name one day; their charges are counted in it
+    day = jobs[0].day if jobs else utc_day()
     admitted = scripts.submit_jobs(
         tenant,
         [job.submission for job in jobs],
@@ -106,6 +114,7 @@ def submit(
         cpu_budget_ms=None if budget is None else budget * 1000,
         max_queued_bytes=policy.max_queued_mb * MIB,
         result_bytes_budget=policy.result_mb_per_day * MIB,
+        day=day,
     )
     ids = [job.job_id for job in jobs]
     if admitted.refusal == "conflict":
@@ -128,9 +137,8 @@ def _quota_error(
         rate, burst = policy.bucket or (0.0, 0.0)
         if count > burst:
             message = f"{count} jobs at once is over the burst of {burst:g}: send fewer per call"
-        else:
-            message = f"over the rate of {rate:g} jobs/s"
-        return QuotaError(tenant, reason, message, max(wait, 0.001))
+            return QuotaError(tenant, reason, message, max(wait, 0.001), fewer=True)
+        return QuotaError(tenant, reason, f"over the rate of {rate:g} jobs/s", max(wait, 0.001))
     if reason == "queue_full":
         waiting, cap = int(detail[0]), int(detail[1])
         return QuotaError(tenant, reason, f"{waiting} jobs wait already (max_queued {cap})", 1.0)
@@ -141,30 +149,43 @@ def _quota_error(
                 f"these {count} jobs hold {adding / MIB:.1f} MiB alone, over max_queued_mb"
                 f" {cap // MIB}: send fewer or smaller jobs per call"
             )
-        else:
-            message = (
-                f"the jobs waiting hold {held / MIB:.1f} MiB already and these"
-                f" {adding / MIB:.1f} MiB more (max_queued_mb {cap // MIB})"
-            )
+            return QuotaError(tenant, reason, message, 1.0, fewer=True)
+        message = (
+            f"the jobs waiting hold {held / MIB:.1f} MiB already and these"
+            f" {adding / MIB:.1f} MiB more (max_queued_mb {cap // MIB})"
+        )
         return QuotaError(tenant, reason, message, 1.0)
     seconds = float(detail[0]) if detail else 3600.0
     if len(detail) > 1 and detail[1] == "result_bytes":
-        cap = policy.result_mb_per_day
-        charge = int(detail[3]) if len(detail) > 3 else 0
-        if charge > cap * MIB:  # tomorrow cannot help: a smaller call can
-            message = (
-                f"the results of these {count} jobs alone keep {charge / MIB:.1f} MiB at the"
-                f" least (ids, labels), over the result budget of {cap} MiB a day"
-                " (result_mb_per_day): send fewer per call"
-            )
-            return QuotaError(tenant, reason, message, 1.0)
-        message = (
-            f"today's result budget of {cap} MiB (result_mb_per_day) is stored already, or"
-            " held for the results of jobs admitted today"
-        )
-        return QuotaError(tenant, reason, message, seconds)
+        return _result_budget_error(tenant, policy, detail, count, seconds)
     used = policy.cpu_budget_s_per_day or 0
     return QuotaError(tenant, reason, f"today's CPU budget of {used:g} s is spent", seconds)
+
+
+def _result_budget_error(
+    tenant: str, policy: Policy, detail: tuple[Any, ...], count: int, seconds: float
+) -> QuotaError:
+    cap = policy.result_mb_per_day
+    counted, charge, least = (int(v) for v in detail[2:5])
+    left = max(0, cap * MIB - counted)
+    need = f"the results of these {count} jobs keep {charge / MIB:.2f} MiB at the least (ids,"
+    if charge > cap * MIB:  # tomorrow cannot help: a smaller call can
+        message = (
+            f"{need} labels), over the result budget of {cap} MiB a day (result_mb_per_day)"
+            " alone: send fewer per call"
+        )
+        return QuotaError(tenant, "budget", message, 1.0, fewer=True)
+    if least <= left:  # some of them fit today
+        message = (
+            f"{need} labels), and {left / MIB:.2f} MiB of today's result budget ({cap} MiB,"
+            " result_mb_per_day) is left: send fewer per call"
+        )
+        return QuotaError(tenant, "budget", message, 1.0, fewer=True)
+    message = (
+        f"today's result budget of {cap} MiB (result_mb_per_day) is stored already, or held"
+        " for the results of jobs admitted today"
+    )
+    return QuotaError(tenant, "budget", message, seconds)
 
 
 def utc_now() -> datetime:

@@ -258,3 +258,41 @@ def test_completions_while_full_name_what_they_cannot_give_back(
             got = named.json()  # within the reply's bound too: the rest listed pending
             assert sorted([r["id"] for r in got["results"]] + got["pending"]) == body["pending"]
             assert got["results"] and not got["unknown"]
+
+
+def test_a_resent_finish_while_full_moves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py sends a finishing step again when its answer was lost. The first send
+    stored the result and took no next job (none waited); by the resend one waits and
+    Redis is full. The resend's store finds its result stored already and writes nothing,
+    and the step goes on to take the waiting job: were the pop allowed and the begin after
+    it refused, the message would be in no queue (a review's worry). The store's SET NX
+    is a write a full Redis refuses even when the key exists, so the resend is refused
+    whole, before the pop: the job waits, and the worker's hold sends the step again."""
+    from producer.protocol import scripts as protocol_scripts
+    from producer.protocol.scripts import ChainStep
+
+    with private_redis(tmp_path) as server:
+        farm = Farmlet(server.url)
+        announce_worker(farm.redis, farm.settings, 4)
+        jobs = farm.tenant("ten")
+        queue, admin = farm.settings.queue, redis.Redis.from_url(server.url)
+        jobs.submit([JobSpec(id="first", command="true")], None, all_or_nothing=True)
+        qid = jobs.qid("first")
+        assert admin.rpop(queue) is not None  # delivered
+        assert farm.scripts.begin_attempt(qid, RUNNING, 10, "tok") is not None
+        # one call, as redis-py sends it twice: the same store token
+        monkeypatch.setattr(protocol_scripts, "_store_token", lambda: ("same-call", 60))
+        done = JobResult(id="first", status=Status.SUCCEEDED)
+        step = ChainStep(qid, "tok", want_next=True, room_s=600.0, running=RUNNING)
+        assert farm.scripts.finish_job(done, None, qid, "ten", None, step) == (True, None)
+        jobs.submit([JobSpec(id="next", command="true")], None, all_or_nothing=True)
+        assert admin.llen(queue) == 1
+        fill(admin)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            farm.scripts.finish_job(done, None, qid, "ten", None, step)
+        assert admin.llen(queue) == 1  # the message still waits
+        admin.config_set("maxmemory", 0)
+        stored, taken = farm.scripts.finish_job(done, None, qid, "ten", None, step)
+        assert stored and taken is not None and taken.qid == jobs.qid("next")  # taken now

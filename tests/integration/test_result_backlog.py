@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis
 
-from producer.protocol import connect
+from producer.gateway_client import GatewayClient
+from producer.protocol import QuotaError, connect
 from producer.protocol.result_budget import allocated, kept_by
 from producer.protocol.scripts import utc_day
 from producer.protocol.tenants import MIB
@@ -39,7 +41,8 @@ def test_a_backlog_admitted_under_the_result_budget_cannot_store_past_it(tenant_
     settings = tf.farm.settings
     keys, prefix = settings.keys, settings.keys.prefix
     r = connect(settings.redis_url)
-    hoarder = api(gateway, tf.tenant("hoarder", result_mb_per_day=1))
+    key = tf.tenant("hoarder", result_mb_per_day=1)
+    hoarder = api(gateway, key)
     bystander = api(gateway, tf.tenant("bystander", result_mb_per_day=1))
     usage = keys.usage("hoarder", utc_day())
 
@@ -50,26 +53,24 @@ def test_a_backlog_admitted_under_the_result_budget_cannot_store_past_it(tenant_
     # what to do instead; nothing of it is kept or charged.
     whole = hoarder.post("/v1/jobs/batch", json={"jobs": [job(9000 + n) for n in range(150)]})
     assert whole.status_code == 429, whole.text
-    assert "send fewer per call" in whole.json()["detail"]
+    assert "send fewer per call" in whole.json()["detail"] and whole.json()["fewer"] is True
     assert int(whole.headers["Retry-After"]) <= 1 and "Traceback" not in whole.text
     assert not r.exists(keys.job("hoarder/h-9000")) and not r.hexists(usage, "kept")
 
-    # The attack: no worker runs yet, so nothing of the tenant's is stored; it queues
-    # labels-heavy jobs in calls of 10 until refused (the old admission took all 300).
+    # The attack: no worker runs yet, so nothing of the tenant's is stored; it queues 300
+    # labels-heavy jobs (the old admission took all 300). The SDK sends a call refused as
+    # more than is left in smaller ones, until not one more fits.
     before = _memory(r, prefix)
-    admitted, refusal = 0, None
-    while admitted < 300:
-        calls = [job(admitted + n) for n in range(10)]
-        reply = hoarder.post("/v1/jobs/batch", json={"jobs": calls})
-        if reply.status_code != 202:
-            refusal = reply
-            break
-        admitted += 10
-    assert refusal is not None and refusal.status_code == 429, admitted
-    assert refusal.json()["type"].endswith("/budget") and "held for the results" in refusal.text
+    with GatewayClient(gateway.url, key) as sdk, pytest.raises(QuotaError) as caught:
+        sdk.submit_many([job(n) for n in range(300)], batch=100)
+    refusal = caught.value
+    assert refusal.reason == "budget" and not refusal.fewer, refusal
+    assert "held for the results" in str(refusal) and str(refusal).startswith("tenant 'hoarder': ")
+    admitted = len(refusal.submitted)  # what the calls before took, as the SDK says
+    assert sorted(refusal.submitted) == [f"h-{n:04d}" for n in range(admitted)]
     charge = json.loads(r.get(keys.job("hoarder/h-0000")) or "{}")["kept"]
     assert charge > len(json.dumps(LABELS))  # what a result without output keeps, at least
-    assert 50 <= admitted <= MIB // charge  # it ran, and stopped at the budget
+    assert admitted == MIB // charge > 50  # it ran, and filled the budget to the last job
     assert int(r.hget(usage, "kept") or 0) == admitted * charge  # charged at admission
     assert r.llen(keys.pending("hoarder")) == admitted  # the backlog, all waiting
 
@@ -89,7 +90,12 @@ def test_a_backlog_admitted_under_the_result_budget_cannot_store_past_it(tenant_
         assert kept_by(payload, qid, prefix, record.get("notify")) <= record["kept"]
 
     # Redis grew by about the budget, no more (the old admission: ~3 MiB for these 300).
+    # The count is what the results keep: a lean one gave back its charge's slack.
     counted = int(r.hget(usage, "kept") or 0)
+    notify = json.loads(r.get(keys.job(qids[0])) or "{}").get("notify")
+    sizes = r.mget([keys.result(q) for q in qids])
+    exact = sum(kept_by(len(v or b""), q, prefix, notify) for q, v in zip(qids, sizes, strict=True))
+    assert counted == exact
     held = sum(int(r.memory_usage(keys.result(q)) or 0) for q in qids)
     assert 0.6 * MIB < held <= counted <= MIB  # the results are there, within the count
     grown = _memory(r, prefix) - before
@@ -108,9 +114,10 @@ SHAPES = {  # what makes a result without output long: its id, labels, escapes, 
 
 
 def test_the_admission_charge_covers_every_result_without_output(farm: Farm) -> None:  # noqa: F811
-    """Charged at admission, a result kept without its output adds nothing at its store,
-    whatever its id, labels (non-ASCII, escaped: up to 6 bytes a character as JSON),
-    status or client: the charge is at least what it keeps (lib_store.lua kept_by)."""
+    """Charged at admission, a result kept without its output adds nothing at its store
+    (it gives back its charge's slack), whatever its id, labels (non-ASCII, escaped: up
+    to 6 bytes a character as JSON), status or client: the charge is at least what it
+    keeps (lib_store.lua kept_by)."""
     farm.online()
     jobs = farm.tenant("edge", result_mb_per_day=1)
     usage = farm.keys.usage("edge", utc_day())
@@ -130,10 +137,54 @@ def test_the_admission_charge_covers_every_result_without_output(farm: Farm) -> 
         qid = jobs.qid(job_id)
         status = Status.MEMORY_EXCEEDED if n % 2 else Status.CANCELLED  # the longest, another
         result = JobResult(id=job_id, status=status, message="m" * 400_000, labels=labels)
+        count = int(farm.redis.hget(usage, "kept") or 0)
         assert farm.scripts.store_result(result, notify, qid, "edge")
         stored = json.loads(farm.redis.get(farm.keys.result(qid)) or "{}")
         assert "output dropped" in stored["message"] and stored["labels"] == labels  # lean
         record = json.loads(farm.redis.get(farm.keys.job(qid)) or "{}")
         keeps = kept_by(farm.redis.strlen(farm.keys.result(qid)), qid, farm.keys.prefix, notify)
         assert keeps <= record["kept"] <= keeps * 1.3, (job_id, keeps, record["kept"])
-    assert int(farm.redis.hget(usage, "kept") or 0) == spent  # nothing more was counted
+        assert int(farm.redis.hget(usage, "kept") or 0) - count == keeps - record["kept"]
+    assert int(farm.redis.hget(usage, "kept") or 0) <= spent  # nothing more was counted
+
+
+def test_a_charge_comes_back_when_its_job_keeps_less_or_stores_another_day(
+    farm: Farm,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job cancelled while it waits keeps a small result: its charge's rest comes back
+    (a review: 90 cancelled jobs held their whole charge, 11.8x what they keep, and the
+    tenant was refused for the rest of the day). A job stored on a later day than it was
+    charged on is counted whole on the day it is stored, and its charge given back to
+    the day it was charged on (a review: charges on the days a backlog was admitted and
+    outputs on the day it stored put 1.9x the budget in one day's results)."""
+    from producer.protocol import scripts as protocol_scripts
+
+    farm.online()
+    jobs = farm.tenant("days", result_mb_per_day=1)
+    today = utc_day()
+    usage = farm.keys.usage("days", today)
+    specs = [JobSpec(id=f"d-{i}", command="true", labels=LABELS) for i in range(4)]
+    jobs.submit(specs, None, all_or_nothing=True)
+    charge = json.loads(farm.redis.get(farm.keys.job("days/d-0")) or "{}")["kept"]
+    assert int(farm.redis.hget(usage, "kept") or 0) == 4 * charge
+
+    assert jobs.cancel("d-0")  # while it waits: a result without labels
+    cancelled = kept_by(
+        farm.redis.strlen(farm.keys.result("days/d-0")), "days/d-0", farm.keys.prefix, None
+    )
+    assert cancelled < charge / 5
+    assert int(farm.redis.hget(usage, "kept") or 0) == 3 * charge + cancelled
+
+    # d-1 is stored tomorrow, with its output: counted whole tomorrow, given back today.
+    tomorrow = "29991231"
+    monkeypatch.setattr(protocol_scripts, "utc_day", lambda now=None: tomorrow)
+    result = JobResult(id="d-1", status=Status.SUCCEEDED, message="o" * 4000, labels=LABELS)
+    assert farm.scripts.store_result(result, None, "days/d-1", "days")
+    whole = kept_by(
+        farm.redis.strlen(farm.keys.result("days/d-1")), "days/d-1", farm.keys.prefix, None
+    )
+    assert whole > charge  # it kept its output
+    later = farm.keys.usage("days", tomorrow)
+    assert int(farm.redis.hget(later, "kept") or 0) == whole
+    assert int(farm.redis.hget(usage, "kept") or 0) == 2 * charge + cancelled

@@ -20,9 +20,14 @@
 -- kept: kept_by), a result is kept without its output: its id, status and labels, and a
 -- message saying why. Admission refuses the tenant's next jobs then, but the jobs it
 -- admitted before may still finish: their output cannot grow Redis past the budget, and
--- what they keep without it was charged at their admission (the job record's first field,
--- result_budget.py), so the store counts only what a result keeps beyond its charge: the
--- count is the larger of the two, never under what Redis holds.
+-- what they keep without it was charged at their admission (the job record's first
+-- fields, result_budget.py). So the store counts what the result keeps less that charge,
+-- which gives back the charge's slack when it keeps less (stored without output, or a
+-- cancel): the day's count is what its results keep, plus the charges of its jobs not
+-- stored yet. A job stored on another day than it was charged on is counted whole on the
+-- day it is stored, its charge given back to the day it was charged on (an attack review:
+-- charges on the days a backlog was admitted, outputs on the day it stored, put ~2x the
+-- budget in one day's results).
 -- The budget counts what a result keeps in Redis (usage field 'kept'), so tiny jobs at a
 -- high rate are bounded too: its bytes as the allocator holds them (jemalloc: 4 size
 -- classes per doubling, up to 25% over the bytes) and its job's keys besides (record,
@@ -45,7 +50,15 @@ end
 
 local LABELS_OBJECT = '"labels":{'
 local function beyond(charged, payload, qid, prefix, notify)
-  return math.max(0, kept_by(payload, qid, prefix, notify) - charged)
+  return kept_by(payload, qid, prefix, notify) - charged
+end
+
+-- (charge, day) admission counted for the job whose record is ``record``, or (0, nil)
+local CHARGE = '^{"kept":(%d+),"kept_on":"(%d+)"'
+local function charge_of(record)
+  local charged, day = string.match(redis.call('GET', record) or '', CHARGE)
+  if not charged then return 0, nil end
+  return tonumber(charged), day
 end
 
 local function within_budget(prefix, tenant, usage, payload, qid, status, notify, charged)
@@ -78,10 +91,11 @@ local function store(K, A, token, token_ttl)
   end
   local usage = prefix .. 'usage:' .. tenant .. ':' .. A[7]
   local record = prefix .. 'job:' .. qid
-  local charged = 0  -- a record of a job admitted before charges were: none
+  local charged, charged_on = 0, nil
   if tenant ~= '' then
-    charged = tonumber(string.match(redis.call('GET', record) or '', '^{"kept":(%d+)') or '0')
-    payload = within_budget(prefix, tenant, usage, payload, qid, A[8], K[2], charged)
+    charged, charged_on = charge_of(record)
+    local today = charged_on == A[7] and charged or 0
+    payload = within_budget(prefix, tenant, usage, payload, qid, A[8], K[2], today)
   end
   if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
     redis.call('SET', K[7], token, 'EX', token_ttl)
@@ -116,7 +130,15 @@ local function store(K, A, token, token_ttl)
       redis.call('HINCRBYFLOAT', usage, 'cpu_ms', A[9])
       redis.call('HINCRBYFLOAT', usage, 'wall_ms', A[10])
       redis.call('HINCRBY', usage, 'bytes', #payload)  -- as stored (A[11] counts characters)
-      redis.call('HINCRBY', usage, 'kept', beyond(charged, payload, qid, prefix, K[2]))
+      if charged_on == A[7] then
+        redis.call('HINCRBY', usage, 'kept', beyond(charged, payload, qid, prefix, K[2]))
+      else
+        redis.call('HINCRBY', usage, 'kept', kept_by(payload, qid, prefix, K[2]))
+        local then_usage = prefix .. 'usage:' .. tenant .. ':' .. (charged_on or '')
+        if charged > 0 and redis.call('HEXISTS', then_usage, 'kept') == 1 then
+          redis.call('HINCRBY', then_usage, 'kept', -charged)
+        end
+      end
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)

@@ -11,11 +11,12 @@
 -- Returns {"ok", the code of each job ("new" | "same" | "conflict"), space-separated}, or a refusal
 -- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
 -- | {"queue_bytes", queued bytes, these jobs' bytes, max} | {"budget", retry_after_s,
--- "cpu"} | {"budget", retry_after_s, "result_bytes", counted today, these jobs' charge}:
--- a refusal writes only its counter (jobs refused, by reason, in the stats hash). Queued
--- bytes: leave_queue in lib_dispatch.lua. The result budget: each new job's state record
--- starts with its charge ('{"kept":N', result_budget.py), what its result keeps at the
--- least; admission counts it in today's 'kept' at once, the store only what is more.
+-- "cpu"} | {"budget", retry_after_s, "result_bytes", counted today, these jobs' charge,
+-- the least of one}: a refusal writes only its counter (jobs refused, by reason, in the
+-- stats hash). Queued bytes: leave_queue in lib_dispatch.lua. The result budget: each new
+-- job's state record starts with its charge ('{"kept":N', result_budget.py), what its
+-- result keeps at the least; admission counts it in the day's 'kept' at once (the day
+-- ARGV 9 names, the record's "kept_on"), the store the rest (lib_store.lua).
 local prefix, tenant = ARGV[1], ARGV[2]
 local ttl, mode = tonumber(ARGV[3]), ARGV[4]
 local max_queued, rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -29,14 +30,16 @@ local function refused(reason, count)
   redis.call('EXPIRE', stats, ARGV[14])
 end
 
-local codes, new, conflicts, charge = {}, 0, {}, 0
+local codes, new, conflicts, charge, least = {}, 0, {}, 0, nil
 for i = 0, n - 1 do
   local qid, hash = ARGV[15 + 4 * i], ARGV[16 + 4 * i]
   local state = redis.call('GET', prefix .. 'job:' .. qid)
   if not state then
     codes[i + 1] = 'new'
     new = new + 1
-    charge = charge + tonumber(string.match(ARGV[17 + 4 * i], '^{"kept":(%d+)') or '0')
+    local one = tonumber(string.match(ARGV[17 + 4 * i], '^{"kept":(%d+)') or '0')
+    charge = charge + one
+    if not least or one < least then least = one end
   else
     local ok, s = pcall(cjson.decode, state)
     local known = ok and type(s) == 'table' and s.spec or ''
@@ -67,7 +70,7 @@ if new > 0 then
     if counted + charge > result_budget then
       refused('budget', n)
       return {'budget', tostring(86400 - math.floor(now % 86400)), 'result_bytes',
-        tostring(counted), tostring(charge)}
+        tostring(counted), tostring(charge), tostring(least)}
     end
   end
   local pending = prefix .. 'pending:' .. tenant
