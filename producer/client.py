@@ -31,6 +31,7 @@ from producer.protocol import (
     get_settings,
 )
 from producer.protocol.connection import redact
+from producer.protocol.errors import send_each
 from producer.protocol.submission import compact_spec
 from producer.protocol.tenants import Policy
 from producer.waiting import WaitWatch
@@ -152,16 +153,22 @@ class FarmClient:
                 if exc.fewer and exc.reason != "rate":
                     burst = (len(specs) + 1) // 2
                 if (exc.reason == "rate" or exc.fewer) and len(specs) > max(burst, 1):
-                    return [
-                        conflict
-                        for start in range(0, len(specs), burst)
-                        for conflict in self._submit_patiently(
-                            specs[start : start + burst], policy, admitted
-                        )
-                    ]
+                    parts = [specs[start : start + burst] for start in range(0, len(specs), burst)]
+                    return self._submit_in_parts(parts, policy, admitted)
                 if exc.reason == "budget" or exc.fewer:
                     raise
                 time.sleep(exc.retry_after_s)
+
+    def _submit_in_parts(
+        self, parts: list[list[JobSpec]], policy: Policy, admitted: list[str]
+    ) -> list[str]:
+        conflicts: list[str] = []
+
+        def send(part: list[JobSpec]) -> None:
+            conflicts.extend(self._submit_patiently(part, policy, admitted))
+
+        send_each(parts, send)
+        return conflicts
 
     # --- results ----------------------------------------------------------------------
 

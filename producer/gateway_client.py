@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from producer.protocol import AuthError, IdConflictError, QuotaError
-from producer.protocol.errors import FarmUnavailableError
+from producer.protocol.errors import FarmUnavailableError, send_each
 from sandbox_core import JobResult, JobSpec, parse_spec
 from sandbox_core.errors import PolicyError, SpecError
 
@@ -138,8 +138,9 @@ class GatewayClient:
                 full += error.reason in ("queue_full", "queue_bytes")
                 if len(unique) > 1 and (error.fewer or full >= FULL_TRIES):
                     half = len(unique) // 2  # maybe more than could ever pass: in halves
-                    self._send(unique[:half], ids, conflicts)
-                    self._send(unique[half:], ids, conflicts)
+                    send_each(
+                        [unique[:half], unique[half:]], lambda p: self._send(p, ids, conflicts)
+                    )
                     return
                 if error.reason == "budget" or error.fewer:
                     raise error

@@ -179,7 +179,7 @@ class TenantJobs:
         """Cancel a job: a waiting one ends `cancelled` now, without running; a running
         one's sandbox is stopped. False if the job is unknown or already final."""
         keys, qid = self.keys, self.qid(job_id)
-        ttl = self.settings.result_ttl_s
+        ttl = self.policy().result_ttl_s  # as its record's, and the result a worker stores
         pipe = self.redis.pipeline(transaction=True)
         pipe.exists(keys.result(qid))
         pipe.get(keys.job(qid))
@@ -196,7 +196,9 @@ class TenantJobs:
             notify = (loads(state) or {}).get("notify")
             result = JobResult(id=job_id, status=Status.CANCELLED, message="cancelled while queued")
             result.timings.finished_at = datetime.now(UTC)
-            self.scripts.store_result(result, notify, qid, self.tenant, count_duplicate=False)
+            self.scripts.store_result(
+                result, notify, qid, self.tenant, ttl=ttl, count_duplicate=False
+            )
         return True
 
     def listing(

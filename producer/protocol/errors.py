@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
 from sandbox_core.errors import SandfarmError
+
+T = TypeVar("T")
 
 
 class FarmError(SandfarmError):
@@ -77,6 +82,22 @@ class QuotaError(FarmError, RuntimeError):
         self.fewer = fewer
         self.submitted: list[str] = []
         super().__init__(f"tenant {tenant!r}: {message}")
+
+
+def send_each(parts: Iterable[T], send: Callable[[T], object]) -> None:
+    """``send`` each part in turn (a call split because a smaller one would pass): a part
+    refused for a budget does not stop the next (its jobs may keep less), and the first
+    such refusal is raised once every part was sent."""
+    refused: QuotaError | None = None
+    for part in parts:
+        try:
+            send(part)
+        except QuotaError as exc:
+            if exc.reason != "budget":
+                raise
+            refused = refused or exc
+    if refused is not None:
+        raise refused
 
 
 class JobsLostError(FarmError, LookupError):

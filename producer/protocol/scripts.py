@@ -11,7 +11,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -142,6 +142,8 @@ class FarmScripts:
         client: redis.Redis | redis.client.Pipeline | None = None,
     ) -> Admitted:
         rate, burst = bucket if bucket else ("", "")
+        day = day or utc_day()
+        day_end = datetime.strptime(day, "%Y%m%d").replace(tzinfo=UTC) + timedelta(days=1)
         args: list[Any] = [
             self.keys.prefix,
             tenant,
@@ -151,7 +153,7 @@ class FarmScripts:
             rate,
             burst,
             "" if cpu_budget_ms is None else cpu_budget_ms,
-            day or utc_day(),
+            day,
             self.settings.queue,
             self.settings.dispatch_margin,
             self.settings.visibility_timeout,
@@ -160,7 +162,7 @@ class FarmScripts:
         ]
         for job in jobs:
             args += [job.qid, job.spec_hash, job.state, job.message]
-        args += [_or_none(max_queued_bytes), _or_none(result_bytes_budget)]
+        args += [_or_none(max_queued_bytes), _or_none(result_bytes_budget), day_end.timestamp()]
         reply = [_text(v) for v in self._submit(keys=[], args=args, client=client)]
         if reply[0] == "ok":
             return Admitted(codes=reply[1].split())

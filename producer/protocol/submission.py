@@ -134,13 +134,18 @@ def _quota_error(
 ) -> QuotaError:
     if reason == "rate":
         wait = int(detail[0]) / 1000
+        new = int(detail[1]) if len(detail) > 1 else count  # the ids it knows take no token
         rate, burst = policy.bucket or (0.0, 0.0)
-        if count > burst:
-            message = f"{count} jobs at once is over the burst of {burst:g}: send fewer per call"
+        if new > burst:
+            message = f"{new} new jobs at once is over the burst of {burst:g}: send fewer per call"
             return QuotaError(tenant, reason, message, max(wait, 0.001), fewer=True)
         return QuotaError(tenant, reason, f"over the rate of {rate:g} jobs/s", max(wait, 0.001))
     if reason == "queue_full":
         waiting, cap = int(detail[0]), int(detail[1])
+        new = int(detail[2]) if len(detail) > 2 else 0
+        if new > cap:  # waiting cannot help: a smaller call can
+            message = f"these {new} new jobs alone are over max_queued {cap}: send fewer per call"
+            return QuotaError(tenant, reason, message, 1.0, fewer=True)
         return QuotaError(tenant, reason, f"{waiting} jobs wait already (max_queued {cap})", 1.0)
     if reason == "queue_bytes":
         held, adding, cap = (int(v) for v in detail[:3])

@@ -95,7 +95,7 @@ class TenantStore:
         if purge and self.get(name) is None:
             self._purge(name)
             return 0, 0
-        self.policy(name)
+        ttl = self.policy(name).result_ttl_s  # its results', as its workers store them
         for key_id in list(self.key_ids(name)):
             self.revoke_key(name, key_id)
         # Take the waiting jobs out of dispatch's reach first, in one step: cancelling
@@ -115,7 +115,9 @@ class TenantStore:
                 id=qid.partition("/")[2], status=Status.CANCELLED, message="tenant removed"
             )
             result.timings.finished_at = datetime.now(UTC)
-            cancelled += scripts.store_result(result, notify, qid, name, count_duplicate=False)
+            cancelled += scripts.store_result(
+                result, notify, qid, name, ttl=ttl, count_duplicate=False
+            )
         active = [text(q) for q in self.redis.zrange(self.keys.active(name), 0, -1)]
         pipe = self.redis.pipeline(transaction=True)
         for qid in active:

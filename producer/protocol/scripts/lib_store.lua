@@ -53,12 +53,22 @@ local function beyond(charged, payload, qid, prefix, notify)
   return kept_by(payload, qid, prefix, notify) - charged
 end
 
--- (charge, day) admission counted for the job whose record is ``record``, or (0, nil)
+-- (charge, day, record JSON) admission counted for the job whose record is ``record``, or
+-- (0, nil)
 local CHARGE = '^{"kept":(%d+),"kept_on":"(%d+)"'
 local function charge_of(record)
-  local charged, day = string.match(redis.call('GET', record) or '', CHARGE)
+  local state = redis.call('GET', record) or ''
+  local charged, day = string.match(state, CHARGE)
   if not charged then return 0, nil end
-  return tonumber(charged), day
+  return tonumber(charged), day, state
+end
+
+-- A charge is given back once: the record's says 0 from then on (a second review: a
+-- cancel stored again once the first one's result expired before its record, as a farm
+-- TTL shorter than the tenant's makes it, gave the charge back again and again).
+local function charge_given_back(record, state)
+  local rest = string.sub(state, #string.match(state, '^{"kept":%d+') + 1)
+  redis.call('SET', record, '{"kept":0' .. rest, 'KEEPTTL')
 end
 
 local function within_budget(prefix, tenant, usage, payload, qid, status, notify, charged)
@@ -91,9 +101,9 @@ local function store(K, A, token, token_ttl)
   end
   local usage = prefix .. 'usage:' .. tenant .. ':' .. A[7]
   local record = prefix .. 'job:' .. qid
-  local charged, charged_on = 0, nil
+  local charged, charged_on, state = 0, nil, nil
   if tenant ~= '' then
-    charged, charged_on = charge_of(record)
+    charged, charged_on, state = charge_of(record)
     local today = charged_on == A[7] and charged or 0
     payload = within_budget(prefix, tenant, usage, payload, qid, A[8], K[2], today)
   end
@@ -139,6 +149,7 @@ local function store(K, A, token, token_ttl)
           redis.call('HINCRBY', then_usage, 'kept', -charged)
         end
       end
+      if charged > 0 then charge_given_back(record, state) end
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)

@@ -7,9 +7,12 @@
 -- conflict; "some": take the rest), 5 max queued, 6 rate ("" for none), 7 burst,
 -- 8 CPU budget today in ms ("" for none), 9 UTC day, 10 Celery queue, 11 margin,
 -- 12 active expiry (s), 13 n, 14 stats ttl (s); then per job: qid, spec hash, state
--- JSON, message; then max queued bytes, result bytes budget today ("" for none).
+-- JSON, message; then max queued bytes, result bytes budget today ("" for none), the end of
+-- ARGV 9's day (epoch s: a call its client prepared before midnight is judged on that
+-- day, and told to wait only until it ends).
 -- Returns {"ok", the code of each job ("new" | "same" | "conflict"), space-separated}, or a refusal
--- {"conflict", index...} | {"queue_full", waiting, max} | {"rate", retry_after_ms}
+-- {"conflict", index...} | {"queue_full", waiting, max, new jobs} | {"rate", retry_after_ms,
+-- new jobs}
 -- | {"queue_bytes", queued bytes, these jobs' bytes, max} | {"budget", retry_after_s,
 -- "cpu"} | {"budget", retry_after_s, "result_bytes", counted today, these jobs' charge,
 -- the least of one}: a refusal writes only its counter (jobs refused, by reason, in the
@@ -24,6 +27,8 @@ local budget, day, queue = tonumber(ARGV[8]), ARGV[9], ARGV[10]
 local margin, expiry, n = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local now = now_s()
 local max_bytes, result_budget = tonumber(ARGV[15 + 4 * n]), tonumber(ARGV[16 + 4 * n])
+local day_end = tonumber(ARGV[17 + 4 * n]) or (now - now % 86400 + 86400)
+local until_day_end = tostring(math.max(1, math.ceil(day_end - now)))
 local function refused(reason, count)
   local stats = prefix .. 'stats'
   redis.call('HINCRBY', stats, 'refused|' .. tenant .. '|' .. reason, count)
@@ -62,14 +67,14 @@ if new > 0 then
     local used = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'cpu_ms') or '0')
     if used >= budget then
       refused('budget', n)
-      return {'budget', tostring(86400 - math.floor(now % 86400)), 'cpu'}
+      return {'budget', until_day_end, 'cpu'}
     end
   end
   if result_budget then  -- what today's results keep (lib_store.lua kept_by), and charges
     local counted = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'kept') or '0')
     if counted + charge > result_budget then
       refused('budget', n)
-      return {'budget', tostring(86400 - math.floor(now % 86400)), 'result_bytes',
+      return {'budget', until_day_end, 'result_bytes',
         tostring(counted), tostring(charge), tostring(least)}
     end
   end
@@ -77,7 +82,7 @@ if new > 0 then
   local waiting = redis.call('LLEN', pending)
   if waiting + new > max_queued then
     refused('queue_full', n)
-    return {'queue_full', waiting, max_queued}
+    return {'queue_full', waiting, max_queued, new}
   end
   local queued, sizes, adding = prefix .. 'queued:' .. tenant, {}, 0
   if waiting == 0 then  -- nothing waits: nothing is held (see leave_queue)
@@ -101,7 +106,7 @@ if new > 0 then
     tokens = math.min(burst, tokens + (now - last) * rate)
     if tokens < new then
       refused('rate', n)
-      return {'rate', tostring(math.ceil((new - tokens) / rate * 1000))}
+      return {'rate', tostring(math.ceil((new - tokens) / rate * 1000)), new}
     end
     redis.call('HSET', bucket, 'tokens', tostring(tokens - new), 'ts', tostring(now))
     redis.call('EXPIRE', bucket, math.ceil(burst / rate) + 60)
