@@ -38,11 +38,10 @@ class JobState(_Record):
     """``Keys.job``: taken (SET NX) when a job is submitted, so an id runs once; ``spec``
     is the content hash of what the id names (the same id for another spec is refused)."""
 
-    # Of its day's result budget, what admission charged the job (result_budget.py), and
-    # that UTC day: first, so the scripts read them at a fixed place, before any other
-    # field's text ('^{"kept":N,"kept_on":"D"').
+    # Of its day's result budget (the UTC day of ``at``), what admission charged the job
+    # (result_budget.py): first, so the scripts read both at a fixed place, before any
+    # other field's text ('^{"kept":N,"at":"YYYY-MM-DD').
     kept: int | None = None
-    kept_on: str | None = None
     at: datetime
     notify: str | None = None
     spec: str = ""

@@ -8,8 +8,8 @@ and the job's keys. The store then counts what the result keeps less that charge
 back), so a day's count is what its results keep plus the charges of jobs not stored
 yet, and a backlog admitted under the budget cannot store past it (an attack review:
 3,000 jobs queued before a 1 MiB budget ran out stored 2.7 MiB without output; with
-16 KB labels, 20 MiB with 1,000 jobs). The charge and its day lead the job's state
-record (JobState.kept, kept_on), where both scripts read them.
+16 KB labels, 20 MiB with 1,000 jobs). The charge leads the job's state record
+(JobState.kept, then ``at``: its day), where both scripts read it.
 """
 
 from __future__ import annotations

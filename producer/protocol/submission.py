@@ -47,7 +47,7 @@ class Prepared:
 
     job_id: str
     submission: Submission
-    day: str  # the UTC day its result-budget charge names (JobState.kept_on)
+    day: str  # the UTC day its result-budget charge counts on (JobState.at's)
 
 
 def prepare(
@@ -76,13 +76,9 @@ def prepare(
         soft_time_limit=spec.limits.timeout_s + margins.SOFT_LIMIT_MARGIN_S,
     )
     kept = admission_charge(spec.id, spec.labels, qid, prefix, notify, policy.result_mb_per_day)
+    # its charge counts on the day of ``now`` (submit() passes that day to the script)
     state = JobState(
-        kept=kept,
-        kept_on=utc_day(now),  # submit() is given the same day
-        at=now,
-        notify=notify,
-        spec=digest,
-        slot_s=spec.limits.timeout_s,
+        kept=kept, at=now, notify=notify, spec=digest, slot_s=spec.limits.timeout_s
     ).dump()
     return Prepared(spec.id, Submission(qid, digest, state, message), utc_day(now))
 

@@ -55,12 +55,12 @@ end
 
 -- (charge, day, record JSON) admission counted for the job whose record is ``record``, or
 -- (0, nil)
-local CHARGE = '^{"kept":(%d+),"kept_on":"(%d+)"'
+local CHARGE = '^{"kept":(%d+),"at":"(%d%d%d%d)%-(%d%d)%-(%d%d)'  -- its day: the record's
 local function charge_of(record)
   local state = redis.call('GET', record) or ''
-  local charged, day = string.match(state, CHARGE)
+  local charged, y, m, d = string.match(state, CHARGE)
   if not charged then return 0, nil end
-  return tonumber(charged), day, state
+  return tonumber(charged), y .. m .. d, state
 end
 
 -- A charge is given back once: the record's says 0 from then on (a second review: a

@@ -19,7 +19,7 @@
 -- stats hash). Queued bytes: leave_queue in lib_dispatch.lua. The result budget: each new
 -- job's state record starts with its charge ('{"kept":N', result_budget.py), what its
 -- result keeps at the least; admission counts it in the day's 'kept' at once (the day
--- ARGV 9 names, the record's "kept_on"), the store the rest (lib_store.lua).
+-- ARGV 9 names, its record's "at"), the store the rest (lib_store.lua).
 local prefix, tenant = ARGV[1], ARGV[2]
 local ttl, mode = tonumber(ARGV[3]), ARGV[4]
 local max_queued, rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
