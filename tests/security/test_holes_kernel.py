@@ -123,8 +123,10 @@ def _cmdline(pid: str) -> bytes:
 
 
 # A fixed amount of CPU work; the job reports how long its own code took (wall clock).
+# ~1 s, many CPU bandwidth periods (100 ms): the load's cap holds on average, and 0.2 s
+# samples (two periods) landed anywhere from 1.4x to 2.2x on a noisy host.
 WORK = (
-    "import time\nt = time.perf_counter()\nx = 0\nfor i in range(3_000_000): x += i\n"
+    "import time\nt = time.perf_counter()\nx = 0\nfor i in range(10_000_000): x += i\n"
     "print(time.perf_counter() - t)\n"
 )
 
