@@ -32,6 +32,7 @@ from producer.protocol import (
 )
 from producer.protocol.connection import redact
 from producer.protocol.errors import send_each
+from producer.protocol.ids import random_hex_id
 from producer.protocol.submission import compact_spec
 from producer.protocol.tenants import Policy
 from producer.waiting import WaitWatch
@@ -121,7 +122,7 @@ class FarmClient:
         for item in specs:
             spec = item if isinstance(item, JobSpec) else parse_spec(item)
             if spec.id is None:
-                spec = spec.model_copy(update={"id": uuid.uuid4().hex})
+                spec = spec.model_copy(update={"id": random_hex_id()})
             assert spec.id is not None
             chunk.setdefault(spec.id, spec)  # a repeated id: the first spec speaks for it
             order.append(spec.id)

@@ -20,6 +20,7 @@ import httpx
 
 from producer.protocol import AuthError, IdConflictError, QuotaError
 from producer.protocol.errors import FarmUnavailableError, send_each
+from producer.protocol.ids import random_hex_id
 from sandbox_core import JobResult, JobSpec, parse_spec
 from sandbox_core.errors import PolicyError, SpecError
 
@@ -103,7 +104,7 @@ class GatewayClient:
             for item in specs:
                 spec = item if isinstance(item, JobSpec) else parse_spec(item)
                 if spec.id is None:
-                    spec = spec.model_copy(update={"id": uuid.uuid4().hex})
+                    spec = spec.model_copy(update={"id": random_hex_id()})
                 chunk.append(spec.model_dump(mode="json", exclude_none=True))
                 if len(chunk) >= min(batch, BATCH):
                     self._send(chunk, ids, conflicts)

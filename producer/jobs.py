@@ -13,7 +13,7 @@ import redis
 
 from producer.protocol import FarmScripts, Settings, result_fields, stats
 from producer.protocol.scripts import loads
-from producer.protocol.submission import prepare, submit
+from producer.protocol.submission import prepare_all, submit
 from producer.protocol.tenant_store import TenantStore, text
 from producer.protocol.tenants import Policy, admit, qualified
 from sandbox_core import JobResult, JobSpec, Status
@@ -59,7 +59,7 @@ class TenantJobs:
         now = datetime.now(UTC)
         queue = self.settings.queue
         prefix = self.keys.prefix
-        jobs = [prepare(spec, self.tenant, policy, notify, queue, now, prefix) for spec in specs]
+        jobs = prepare_all(specs, self.tenant, policy, notify, queue, now, prefix)
         return submit(self.scripts, self.tenant, policy, jobs, all_or_nothing=all_or_nothing)
 
     # --- out ----------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -37,6 +36,7 @@ from producer.gateway.schemas import (
     Usage,
 )
 from producer.protocol import IdConflictError, QuotaError, TenantError
+from producer.protocol.ids import random_hex_id
 from producer.protocol.scripts import utc_day
 from sandbox_core import JobResult, JobSpec, Status
 from sandbox_core.errors import PolicyError, SpecError
@@ -107,7 +107,7 @@ def _translated() -> Iterator[None]:
 
 def _named(specs: list[JobSpec]) -> list[JobSpec]:
     """Jobs without an id get one here (a client that wants safe retries sends its own)."""
-    return [s if s.id else s.model_copy(update={"id": uuid.uuid4().hex}) for s in specs]
+    return [s if s.id else s.model_copy(update={"id": random_hex_id()}) for s in specs]
 
 
 @router.post(

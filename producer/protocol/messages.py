@@ -17,16 +17,17 @@ from __future__ import annotations
 import json
 import os
 import socket
-import uuid
 from functools import cache
 from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_json
 
+from producer.protocol.ids import random_uuid
+
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
-def _json(value: Any) -> str:
+def json_text(value: Any) -> str:
     """Compact JSON. A spec's text is valid Unicode (sandbox_core.models), but a lone
     surrogate that got past it is escaped by the stdlib rather than refused here."""
     try:
@@ -54,7 +55,7 @@ def task_message(
 
     Its delivery tag is fresh: two live messages must never share one (it keys kombu's
     unacked hash)."""
-    body = _json([args, {}, _EMBED])
+    body = json_text([args, {}, _EMBED])
     headers: dict[str, Any] = {
         "lang": "py",
         "task": name,
@@ -90,7 +91,7 @@ def task_message(
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0,
             "body_encoding": "utf-8",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": random_uuid(),
         },
     }
-    return _json(message)
+    return json_text(message)
