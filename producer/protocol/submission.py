@@ -4,10 +4,13 @@ Shared by the trusted FarmClient and the tenants' gateway, so both submit alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic_core import to_json
 
 from producer.protocol import margins
 from producer.protocol.broker import TASK_NAME
@@ -74,14 +77,17 @@ def _call(
     del shared["id"]
     state_at = f',"at":{json_text(now)}'
     if notify is not None:  # JobState leaves a None out
-        state_at += f',"notify":{json_text(notify)}'
+        # strict, as JobState's dump: a lone surrogate is refused here, not stored escaped
+        state_at += f',"notify":{to_json(notify).decode()}'
     return _Call(tenant, policy, notify, queue, prefix, utc_day(now), state_at, shared)
 
 
 def _state(call: _Call, kept: int, digest: str, slot_s: float) -> str:
     """JobState(kept, at, notify, spec, slot_s).dump(), written directly (the unit tests
-    hold the two equal): ``digest`` is hex, the rest is JSON already."""
-    return f'{{"kept":{kept}{call.state_at},"spec":"{digest}","slot_s":{json_text(float(slot_s))}}}'
+    hold the two equal): ``digest`` is hex, the rest is JSON already; a timeout that is
+    not finite is null, as the model writes it (dispatch then charges the floor)."""
+    slot = json_text(float(slot_s)) if math.isfinite(slot_s) else "null"
+    return f'{{"kept":{int(kept)}{call.state_at},"spec":"{digest}","slot_s":{slot}}}'
 
 
 def _prepare_one(spec: JobSpec, call: _Call) -> Prepared:

@@ -4,11 +4,13 @@ are the ones the records' models write; the ids and delivery tags are version-4 
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from datetime import UTC, datetime
 
 import pytest
+from pydantic_core import PydanticSerializationError
 
 from producer.protocol.ids import random_hex_id, random_uuid
 from producer.protocol.records import JobState, MessageMeta
@@ -20,7 +22,9 @@ NOW = datetime(2026, 12, 4, 23, 59, 59, 999999, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("notify", [None, "c1", 'quote" back\\slash', "é—\u2028雪", "\x00\x1f"])
-@pytest.mark.parametrize("slot_s", [1, 0.001, 10.0, 2.5, 86400, 1e-07, 123456789.125])
+@pytest.mark.parametrize(
+    "slot_s", [1, 0.001, 10.0, 2.5, 86400, 1e-07, 123456789.125, math.inf, math.nan]
+)
 def test_state_record_is_the_models_own(notify: str | None, slot_s: float) -> None:
     call = _call("t", Policy(), notify, "q", NOW, "p:")
     digest = "0123456789abcdef" * 2
@@ -28,6 +32,16 @@ def test_state_record_is_the_models_own(notify: str | None, slot_s: float) -> No
     theirs = JobState(kept=4321, at=NOW, notify=notify, spec=digest, slot_s=slot_s).dump()
     assert mine == theirs
     assert mine.startswith('{"kept":4321,"at":"2026-12-04')  # where the scripts read them
+
+
+def test_state_record_names_every_field_of_the_model() -> None:
+    # _state writes JobState by hand: a field added to the model must be added there too
+    assert list(JobState.model_fields) == ["kept", "at", "notify", "spec", "slot_s"]
+
+
+def test_a_client_name_that_is_no_unicode_is_refused_before_redis() -> None:
+    with pytest.raises(PydanticSerializationError):  # as JobState.dump() refuses it
+        prepare(JobSpec(command="true", id="a"), "t", Policy(), "x\udc80", "q", NOW, "p:")
 
 
 @pytest.mark.parametrize("notify", [None, "client-ü"])
