@@ -153,8 +153,11 @@ def test_cpu_is_shared_fairly_between_jobs(run, backend, is_root):
     spinner.join(30)
     assert len(spinning) >= 40, spinning  # the load really ran
     assert load["load"].resources.cpu_ms > 2000, load["load"]  # and burnt CPU...
-    # ...but only its own share: the other job ran within 2x of its unloaded speed.
-    assert loaded <= 2 * unloaded, (backend.name, loaded, unloaded)
+    # ...but only its own share. Capped at 1 of the 2 CPUs, the load can at worst share
+    # the other job's core half and half (2x); the farm's own work on the host adds to
+    # that on a slow boot (2.11x and 2.14x seen, 2026-12-04). Without the job's cgroup
+    # the 40 spinners would leave the other job ~2/41 of the CPUs: ~20x.
+    assert loaded <= 2.5 * unloaded, (backend.name, loaded, unloaded)
 
 
 def test_result_is_bounded_as_serialised(run):
