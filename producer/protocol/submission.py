@@ -125,18 +125,6 @@ def prepare_all(
     return [_prepare_one(spec, call) for spec in specs]
 
 
-def prepare(
-    spec: JobSpec,
-    tenant: str,
-    policy: Policy,
-    notify: str | None,
-    queue: str,
-    now: datetime,
-    prefix: str,
-) -> Prepared:
-    return prepare_all([spec], tenant, policy, notify, queue, now, prefix)[0]
-
-
 def submit(
     scripts: FarmScripts,
     tenant: str,

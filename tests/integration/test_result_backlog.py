@@ -205,7 +205,7 @@ def test_refusals_say_when_a_smaller_call_would_pass_and_until_when(farm: Farm) 
     jobs alone over max_queued (FarmClient resent such a call every second, forever) or
     over the burst (not the ids it knows: they take no token). A result budget spent on
     a day that has ended (a call prepared before midnight) is retried at once."""
-    from producer.protocol.submission import prepare, submit
+    from producer.protocol.submission import prepare_all, submit
 
     jobs = farm.tenant("small", max_queued=5, rate=0.01, burst=4)
     with pytest.raises(QuotaError) as caught:
@@ -227,7 +227,8 @@ def test_refusals_say_when_a_smaller_call_would_pass_and_until_when(farm: Farm) 
     farm.redis.hset(farm.keys.usage("late", yesterday), "kept", MIB)  # that day, spent
     before_midnight = datetime(2000, 1, 1, 23, 59, 59, tzinfo=UTC)
     spec = JobSpec(id="l-1", command="true")
-    prepared = prepare(spec, "late", policy, None, farm.settings.queue, before_midnight, "x:")
+    queue = farm.settings.queue
+    (prepared,) = prepare_all([spec], "late", policy, None, queue, before_midnight, "x:")
     assert prepared.day == yesterday
     with pytest.raises(QuotaError) as caught:
         submit(farm.scripts, "late", policy, [prepared], all_or_nothing=True)

@@ -14,7 +14,7 @@ from pydantic_core import PydanticSerializationError
 
 from producer.protocol.ids import random_hex_id, random_uuid
 from producer.protocol.records import JobState, MessageMeta
-from producer.protocol.submission import _call, _state, prepare, prepare_all
+from producer.protocol.submission import _call, _state, prepare_all
 from producer.protocol.tenants import Policy
 from sandbox_core import JobSpec
 
@@ -41,7 +41,7 @@ def test_state_record_names_every_field_of_the_model() -> None:
 
 def test_a_client_name_that_is_no_unicode_is_refused_before_redis() -> None:
     with pytest.raises(PydanticSerializationError):  # as JobState.dump() refuses it
-        prepare(JobSpec(command="true", id="a"), "t", Policy(), "x\udc80", "q", NOW, "p:")
+        prepare_all([JobSpec(command="true", id="a")], "t", Policy(), "x\udc80", "q", NOW, "p:")
 
 
 @pytest.mark.parametrize("notify", [None, "client-ü"])
@@ -65,7 +65,7 @@ def test_jobs_prepared_together_are_the_ones_prepared_alone() -> None:
     policy = Policy()
     specs = [JobSpec(command="true", id="a"), JobSpec(code="print(1)", id="b", labels={"x": "y"})]
     together = prepare_all(specs, "t", policy, "n", "q", NOW, "p:")
-    alone = [prepare(spec, "t", policy, "n", "q", NOW, "p:") for spec in specs]
+    alone = [prepare_all([spec], "t", policy, "n", "q", NOW, "p:")[0] for spec in specs]
     for one, other in zip(together, alone, strict=True):
         assert one.submission.state == other.submission.state
         assert one.submission.spec_hash == other.submission.spec_hash
