@@ -16,7 +16,6 @@ to Redis directly (operators and batch users on the farm's side of the gateway).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from producer.protocol import (
 )
 from producer.protocol.connection import redact
 from producer.protocol.errors import send_each
+from producer.protocol.ids import client_id as checked_client_id
 from producer.protocol.ids import random_hex_id
 from producer.protocol.submission import compact_spec
 from producer.protocol.tenants import Policy
@@ -66,7 +66,7 @@ class FarmClient:
             self.settings = self.settings.model_copy(update={"redis_url": redis_url})
         self.keys = self.settings.keys
         # One completion list per client; pass a stable client_id to resume collection.
-        self.client_id = client_id or uuid.uuid4().hex
+        self.client_id = checked_client_id(client_id)
         self.done_key = self.keys.done(self.client_id)
         self.redis = connect(self.settings.redis_url)
         self.tenant = self.settings.client_tenant

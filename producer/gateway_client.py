@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ import httpx
 
 from producer.protocol import AuthError, IdConflictError, QuotaError
 from producer.protocol.errors import FarmUnavailableError, send_each
+from producer.protocol.ids import client_id as checked_client_id
 from producer.protocol.ids import random_hex_id
 from sandbox_core import JobResult, JobSpec, parse_spec
 from sandbox_core.errors import PolicyError, SpecError
@@ -47,7 +47,7 @@ class GatewayClient:
         self.urls = [url] if isinstance(url, str) else list(url)
         if not self.urls:
             raise SpecError("url", "give the gateway's URL")
-        self.client_id = client_id or uuid.uuid4().hex
+        self.client_id = checked_client_id(client_id)  # the gateway's header rule
         headers = {"Authorization": f"Bearer {api_key}", "Sandfarm-Client": self.client_id}
         self.http = httpx.Client(headers=headers, timeout=timeout_s)
         self._current = 0

@@ -6,7 +6,6 @@ Every lookup is scoped by the tenant: an id of another tenant's is simply unknow
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import redis
@@ -15,9 +14,9 @@ from fastapi import Header, Request
 from producer.gateway.problems import ProblemError
 from producer.jobs import TenantJobs
 from producer.protocol import Settings
+from producer.protocol.ids import CLIENT_ID_RE, CLIENT_ID_RULE
 from producer.protocol.tenant_store import TenantStore
 
-CLIENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 UNAUTHORIZED = {"WWW-Authenticate": 'Bearer realm="sandfarm"'}
 
 
@@ -73,12 +72,12 @@ def caller(
     tenant = request.scope.get("state", {}).get("tenant") or tenant_of(farm, authorization)
     done_key = None
     if sandfarm_client is not None:
-        if not CLIENT_RE.fullmatch(sandfarm_client):
+        if not CLIENT_ID_RE.fullmatch(sandfarm_client):
             raise ProblemError(
                 422,
                 "invalid",
                 "Invalid request",
-                "Sandfarm-Client: 1-64 of [A-Za-z0-9_-]",
+                f"Sandfarm-Client: {CLIENT_ID_RULE}",
                 field="Sandfarm-Client",
             )
         done_key = farm.settings.keys.done(f"{tenant}:{sandfarm_client}")

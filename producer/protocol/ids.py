@@ -1,9 +1,19 @@
 """Random version-4 UUIDs, written from os.urandom: the uuid module's object costs ~4 µs
-each, and every submitted job takes two (its id, its message's delivery tag)."""
+each, and every submitted job takes two (its id, its message's delivery tag). And the
+names a client gives its completion list, checked alike for both SDKs and the gateway."""
 
 from __future__ import annotations
 
 import os
+import re
+
+from sandbox_core.errors import SpecError
+
+# A client's name ends a Redis key ("done:<client>" for the trusted SDK, "done:<tenant>:
+# <client>" at the gateway): no ":" keeps the two apart, no space or newline keeps it one
+# header and one log word.
+CLIENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CLIENT_ID_RULE = "1-64 of [A-Za-z0-9_-]"
 
 
 def _random_v4() -> str:
@@ -22,3 +32,15 @@ def random_uuid() -> str:
     """``str(uuid.uuid4())``: 8-4-4-4-12 hex digits."""
     h = _random_v4()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def client_id(name: str | None) -> str:
+    """``name`` as a client's name for its completion list, or a new random one (None).
+    Raises SpecError (field ``client_id``) for anything but 1-64 of [A-Za-z0-9_-]."""
+    if name is None:
+        return random_hex_id()
+    if not isinstance(name, str) or not CLIENT_ID_RE.fullmatch(name):
+        raise SpecError(
+            "client_id", f"must be {CLIENT_ID_RULE} (it names this client's completion list)", name
+        )
+    return name

@@ -93,14 +93,48 @@ def test_a_name_with_a_trailing_newline_is_refused(spec: dict, field: str) -> No
 
 
 def test_gateway_and_tenant_names_are_matched_whole() -> None:
-    from producer.gateway.context import CLIENT_RE
     from producer.gateway.routes import CURSOR_RE, ID_RE
+    from producer.protocol.ids import CLIENT_ID_RE
     from producer.protocol.tenants import TENANT_RE
 
     for pattern, good in [
         (ID_RE, "job-1"),
-        (CLIENT_RE, "client-1"),
+        (CLIENT_ID_RE, "client-1"),
         (TENANT_RE, "team-a"),
         (CURSOR_RE, "12.5~job-1"),
     ]:
         assert pattern.fullmatch(good) and not pattern.fullmatch(good + "\n"), pattern.pattern
+
+
+BAD_CLIENT_IDS = ["alice:batch", "two words", "x" * 65, "", "line\n", "é", "\ud800", "a/b"]
+
+
+@pytest.mark.parametrize("name", BAD_CLIENT_IDS)
+def test_a_client_id_is_checked_as_the_gateway_checks_its_header(name: str) -> None:
+    """Both SDKs refuse a client name the gateway would refuse (before any connection),
+    with the field named: a ":" in the trusted SDK's name would reach a gateway tenant's
+    completion list ("done:<tenant>:<client>"), a newline or non-ASCII a broken header."""
+    from producer.client import FarmClient
+    from producer.gateway_client import GatewayClient
+    from producer.protocol import get_settings
+
+    closed = get_settings(redis_url="redis://127.0.0.1:1/0")  # nothing answers there
+    for make in (
+        lambda: FarmClient(settings=closed, client_id=name),
+        lambda: GatewayClient("http://127.0.0.1:1", "key", client_id=name),
+    ):
+        with pytest.raises(SpecError) as caught:
+            make()
+        assert caught.value.field == "client_id"
+        assert "1-64 of [A-Za-z0-9_-]" in str(caught.value)
+
+
+def test_a_good_or_missing_client_id_is_kept_or_made() -> None:
+    from producer.gateway_client import GatewayClient
+    from producer.protocol.ids import CLIENT_ID_RE, client_id
+
+    assert client_id("batch-1_A") == "batch-1_A"
+    made = {client_id(None) for _ in range(100)}
+    assert len(made) == 100 and all(CLIENT_ID_RE.fullmatch(name) for name in made)
+    gateway = GatewayClient("http://127.0.0.1:1", "key", client_id="reader")
+    assert gateway.http.headers["Sandfarm-Client"] == "reader"
