@@ -11,9 +11,10 @@ from sandbox_core.errors import SpecError
 
 # A client's name ends a Redis key ("done:<client>" for the trusted SDK, "done:<tenant>:
 # <client>" at the gateway): no ":" keeps the two apart, no space or newline keeps it one
-# header and one log word.
-CLIENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-CLIENT_ID_RULE = "1-64 of [A-Za-z0-9_-]"
+# header and one log word. "." and "@" are allowed: a host name or user@host is a natural
+# stable name, and neither is special in a key, a header or a SCAN pattern.
+CLIENT_ID_RE = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+CLIENT_ID_RULE = "1-64 of [A-Za-z0-9._@-]"
 
 
 def _random_v4() -> str:
@@ -35,9 +36,10 @@ def random_uuid() -> str:
 
 
 def client_id(name: str | None) -> str:
-    """``name`` as a client's name for its completion list, or a new random one (None).
-    Raises SpecError (field ``client_id``) for anything but 1-64 of [A-Za-z0-9_-]."""
-    if name is None:
+    """``name`` as a client's name for its completion list, or a new random one (None or
+    empty, as before names were checked). Raises SpecError (field ``client_id``) for
+    anything but 1-64 of [A-Za-z0-9._@-]."""
+    if name is None or name == "":
         return random_hex_id()
     if not isinstance(name, str) or not CLIENT_ID_RE.fullmatch(name):
         raise SpecError(

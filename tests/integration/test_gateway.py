@@ -100,6 +100,17 @@ def test_tenants_never_see_each_other(tenants: TenantFarm) -> None:
     assert [(j["id"], j["status"]) for j in listed] == [("job-1", "cancelled")]
 
 
+def test_a_client_name_with_a_colon_is_refused_over_http(tenants: TenantFarm) -> None:
+    """A client name is the end of its list's key, "done:<tenant>:<client>": one with a
+    ":" (or a space, or too long) is 422 naming the header; a host-like name is fine."""
+    with api(tenants.gateways[0], tenants.tenant("names")) as client:
+        good = client.get("/v1/completions", headers={"Sandfarm-Client": "ci.host@team-1"})
+        assert good.status_code == 200 and good.json()["results"] == []  # positive control
+        for bad in ("names:other", "two words", "x" * 65):
+            reply = client.get("/v1/completions", headers={"Sandfarm-Client": bad})
+            assert problem_of(reply, 422)["field"] == "Sandfarm-Client", bad
+
+
 def test_id_reused_for_another_spec_is_409_and_the_same_spec_is_idempotent(
     tenants: TenantFarm,
 ) -> None:
