@@ -20,7 +20,8 @@ median job and where the CPU went per sample (the worker's processes, the jobs, 
 CLI, and the whole host's busy and idle time), beside the harness's and both bare runs'.
 The harness, the batch and both bare runs go back to back in ``--rounds`` rounds (each
 batch under its own id prefix, so it runs every job afresh); the ratios are the medians
-of the rounds' own ratios.
+of the rounds' own ratios. ``batch.start_s`` is the CLI's share of the batch: from its
+exec to its first job queued (the results' own ``queued_at``), the median of the rounds.
 
     .venv/bin/python ops/bench/humaneval.py [--backend process] [--concurrency 2] [--rounds 3]
 """
@@ -137,16 +138,13 @@ def fork_bare(plain: Path, parallel: int) -> float:
     return wall
 
 
-def agreeing(batch_out: Path, harness_results: Path, prefix: str) -> tuple[int, int]:
+def agreeing(results: list[JobResult], harness_results: Path, prefix: str) -> tuple[int, int]:
     """(verdicts that agree, all): succeeded here means passed there."""
     theirs = {
         json.loads(line)["task_id"].replace("/", "-"): json.loads(line)["passed"]
         for line in harness_results.read_text().splitlines()
     }
-    ours = {
-        (r.id or "").removeprefix(prefix): r.status.value == "succeeded"
-        for r in map(JobResult.model_validate, read_results(batch_out))
-    }
+    ours = {(r.id or "").removeprefix(prefix): r.status.value == "succeeded" for r in results}
     return sum(ours.get(tid) == passed for tid, passed in theirs.items()), len(theirs)
 
 
@@ -229,6 +227,8 @@ def main() -> None:
     batch_s = statistics.median(r.batch_s for r in rounds)
     bare_s = statistics.median(r.bare_s for r in rounds)
     print(f"batch.wall_s={batch_s:.2f}  ({n / batch_s:.1f} samples/s, median)")
+    start_s = statistics.median(r.start_s for r in rounds)
+    print(f"batch.start_s={start_s:.3f}  (the CLI's exec -> its first job queued, median)")
     middle = sorted(rounds, key=lambda r: r.batch_s)[len(rounds) // 2]
     print(middle.phases)
     for line in middle.cpu:
@@ -253,6 +253,7 @@ class Round:
     harness_s: float
     harness_k: dict[str, float]
     batch_s: float
+    start_s: float  # the CLI's exec to its first job queued (the results' queued_at)
     bare_s: float
     fork_s: float
     agree: int
@@ -303,16 +304,30 @@ def one_round(
     prefix = f"round{index}"
     batch_argv = [SANDFARM, "batch", "run", str(plain), "-o", str(out), "--no-progress"]
     with cpu_of("batch", n, cpu, farm=pids):
+        launched = time.time()  # the clock the CLI stamps queued_at with
         batch_s, _ = timed([*batch_argv, "--backend", args.backend, "--id-prefix", prefix], env)
-    agree, total = agreeing(out, Path(f"{samples}_results.jsonl"), f"{prefix}:")
-    phases = breakdown(map(JobResult.model_validate, read_results(out)), "batch_humaneval")
+    results = [JobResult.model_validate(r) for r in read_results(out)]
+    queued = [r.timings.queued_at.timestamp() for r in results if r.timings.queued_at]
+    start_s = min(queued) - launched
+    agree, total = agreeing(results, Path(f"{samples}_results.jsonl"), f"{prefix}:")
+    phases = breakdown(results, "batch_humaneval")
     with cpu_of("fresh_bare", n, cpu):
         bare_s = fresh_bare(plain, args.concurrency)
     with cpu_of("fork_bare", n, cpu):
         fork_s = fork_bare(plain, args.concurrency)
     harness_k = json.loads(harness_out)
     return Round(
-        index, harness_s, harness_k, batch_s, bare_s, fork_s, agree, total, phases, tuple(cpu)
+        index,
+        harness_s,
+        harness_k,
+        batch_s,
+        start_s,
+        bare_s,
+        fork_s,
+        agree,
+        total,
+        phases,
+        tuple(cpu),
     )
 
 
