@@ -4,8 +4,10 @@ A worker's main process (Celery's consumer: BRPOP, hand-off, acks, events), its 
 processes (our task: the scripts, the backend's Python), what they reaped (the jobs and
 their sandbox helpers), the worker's reaper, Redis, and this process (the client). On a
 2-core host running 2 slots the farm is CPU-bound, so CPU per job is the throughput.
-The whole host's CPU (/proc/stat) adds what no process is charged for (the kernel's
-workers tearing down namespaces and cgroups, interrupts) and the time it sat idle.
+The kernel's own threads (children of kthreadd: its workers tearing down each session's
+network and mount namespaces and cgroups, RCU) are summed as ``kthreads``, host-wide,
+so a run's other work counts too. The whole host's CPU (/proc/stat) adds what no
+process is charged for (interrupts) and the time it sat idle.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ def _children(pid: int) -> list[int]:
 
 Snapshot = dict[str, float]  # part -> CPU ms so far
 
+KTHREADD = 2  # the parent of every kernel thread
+
+
+def _kthreads() -> float:
+    """CPU ms so far of the kernel's threads now alive (one that ended takes its time)."""
+    return sum(_times(pid)[0] for pid in _children(KTHREADD))
+
 
 def snapshot(worker_pid: int, redis_pid: int | None) -> Snapshot:
     """CPU ms so far: the worker's main process, its pool (own and reaped), Redis, us."""
@@ -60,13 +69,14 @@ def snapshot(worker_pid: int, redis_pid: int | None) -> Snapshot:
     if redis_pid:
         parts["redis"] = _times(redis_pid)[0]
     parts["client"] = _times(os.getpid())[0]
+    parts["kthreads"] = _kthreads()
     return parts
 
 
 def this_process() -> Snapshot:
     """CPU ms so far of this process and of the children it reaped (a bare run's jobs)."""
     own, reaped = _times(os.getpid())
-    return {"client": own, "jobs": reaped}
+    return {"client": own, "jobs": reaped, "kthreads": _kthreads()}
 
 
 def per_job(before: Snapshot, after: Snapshot, jobs: int) -> str:
