@@ -9,6 +9,7 @@ threads; it only makes system calls.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -197,6 +198,16 @@ def private_network(as_root: bool) -> None:
     loopback_up()
 
 
+def default_signals() -> None:
+    """Every signal to its default, none blocked (as sandfarm-exec's default_signals):
+    exec keeps what the worker ignores or blocks (Celery's pool ignores SIGINT)."""
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def no_new_privileges() -> None:
     """setuid binaries (su, ping, ...) cannot raise privileges after this."""
     _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
@@ -320,5 +331,6 @@ class ChildSetup:
         die_with_parent()  # after the uid change, which would clear it
         no_new_privileges()
         os.umask(self.umask)
+        default_signals()
         if self.seccomp is not None:
             seccomp.load(self.seccomp)

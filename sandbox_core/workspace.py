@@ -87,6 +87,14 @@ class Workspace:
             else:
                 os.chown(path, self.uid, self.gid if self.gid is not None else self.uid)
 
+    def heavy(self) -> bool:
+        """Whether removing it takes long: a tmpfs holding much data or many files."""
+        if not self.mounted:
+            return False
+        st = os.statvfs(self.root)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        return used > d.TEARDOWN_INLINE_BYTES or st.f_files - st.f_ffree > d.TEARDOWN_INLINE_FILES
+
     def remove(self) -> None:
         if self.mounted:
             unmount(str(self.root))

@@ -190,6 +190,9 @@ class FarmScripts:
         queue, margin, expiry = self._dispatch_args()
         timings = result.timings
         run_s = (timings.run_ms or 0.0) / 1000
+        # fair share charges the slot time the job held, not its wait for the slot (the
+        # teardown of the job before it in this process, maybe another tenant's)
+        slot_s = max(0.0, run_s - (timings.phases.slot_wait_ms or 0.0) / 1000)
         wait_s = (timings.queue_wait_ms or 0.0) / 1000
         store_keys = [
             keys.result(qid),
@@ -211,7 +214,7 @@ class FarmScripts:
             result.status.value,
             result.resources.cpu_ms,
             timings.run_ms or 0.0,
-            len(payload),
+            slot_s,
             queue,
             margin,
             expiry,

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sandbox_core.backends.config import CommonConfig
-from sandbox_core.backends.outcome import bounded, classify, counts, job_status, status_message
+from sandbox_core.backends.outcome import (
+    CANCELLED_BETWEEN_STEPS,
+    DEADLINE_PASSED,
+    bounded,
+    classify,
+    counts,
+    job_status,
+    status_message,
+)
 from sandbox_core.errors import PolicyError, ProtectionUnavailableError, SandfarmError
 from sandbox_core.expected import mismatch
 from sandbox_core.models import (
@@ -161,8 +169,10 @@ class Backend(ABC):
         lap = Lap()
         try:
             self.check(spec)
-            deadline = clock + spec.limits.timeout_s
             with self.open_session(spec) as session:
+                # the wait for this process's last session to be torn down is not the
+                # job's: its timeout counts from the slot's being ready (an attack review)
+                deadline = clock + spec.limits.timeout_s + (session.slot_wait_ms or 0.0) / 1000
                 session.write_files({p: c.encode() for p, c in spec.files.items()})
                 phases.slot_wait_ms = session.slot_wait_ms
                 phases.setup_ms = lap() - (session.slot_wait_ms or 0.0)
@@ -204,9 +214,9 @@ class Backend(ABC):
         stop_reason: str | None = None
         for index, step in enumerate(spec.steps):
             if stop_reason is None and time.monotonic() >= deadline:
-                stop_reason = "the job's deadline passed"
+                stop_reason = DEADLINE_PASSED
             if stop_reason is None and cancel is not None and cancel.is_set():
-                stop_reason = "the job was cancelled"
+                stop_reason = CANCELLED_BETWEEN_STEPS
             if stop_reason is None and not session.alive:
                 stop_reason = "the sandbox was killed"
             skipped = StepResult(kind=step.kind, status=StepStatus.SKIPPED, check=step.check)

@@ -69,7 +69,7 @@ class LocalBackend(Backend):
             yield session
         finally:
             if self.prewarms:  # torn down after the result, the next one made there
-                prewarm.retire(self, session)
+                prewarm.retire(self, session, now=session.ws.heavy())
             else:
                 try:
                     session.close()

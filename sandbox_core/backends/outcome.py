@@ -110,10 +110,25 @@ def counts(step: StepResult) -> bool:
     return step.check or step.status not in _UNCHECKED_OK
 
 
+# Why a step was skipped, where that decides the job's status: a job whose deadline
+# passed or that was cancelled before a step ran did not succeed, though no step it ran
+# failed (all its steps skipped, it read `succeeded`: an attack review).
+DEADLINE_PASSED = "the job's deadline passed"
+CANCELLED_BETWEEN_STEPS = "the job was cancelled"
+_SKIPPED_AS = {DEADLINE_PASSED: StepStatus.TIMED_OUT, CANCELLED_BETWEEN_STEPS: StepStatus.CANCELLED}
+
+
+def _ended_as(step: StepResult) -> StepStatus:
+    if step.status == StepStatus.SKIPPED:
+        return _SKIPPED_AS.get(step.message or "", StepStatus.SKIPPED)
+    return step.status
+
+
 def job_status(steps: list[StepResult]) -> Status:
     """The job's status: the first abnormal end (by severity) among the steps that count
-    (a ``check: false`` step's failure does not; its limits still do)."""
-    seen = {step.status for step in steps if counts(step)}
+    (a ``check: false`` step's failure does not; its limits still do), a step skipped
+    for the deadline or a cancel counting as timed out or cancelled."""
+    seen = {_ended_as(step) for step in steps if counts(step)}
     for status in _SEVERITY:
         if status in seen:
             return Status(status.value)
@@ -125,7 +140,7 @@ def status_message(steps: list[StepResult], status: Status) -> str | None:
     if status == Status.SUCCEEDED:
         return None
     for index, step in enumerate(steps):
-        if step.status.value != status.value or not counts(step):
+        if _ended_as(step).value != status.value or not counts(step):
             continue
         if step.status == StepStatus.FAILED and step.exit_code is not None and not step.message:
             return f"step {index} ({step.kind}) exited {step.exit_code}"

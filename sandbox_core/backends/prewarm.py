@@ -239,12 +239,17 @@ def vacate(index: int | None) -> None:
         _close(session)
 
 
-def retire(backend: LocalBackend, session: LocalSession) -> None:
-    """Tear ``session`` down in the background, then make the next standby there."""
+def retire(backend: LocalBackend, session: LocalSession, now: bool = False) -> None:
+    """Tear ``session`` down in the background, then make the next standby there.
+    ``now``: tear it down here first (a teardown that takes long is its own job's time:
+    in the background it would delay the next job, maybe another tenant's)."""
+    if now:
+        _close(session)
     if backend.slots.lanes:
 
         def in_lane() -> None:
-            _close(session)
+            if not now:
+                _close(session)
             _prepare(backend, None)
 
         _submit(None, in_lane)
@@ -254,7 +259,8 @@ def retire(backend: LocalBackend, session: LocalSession) -> None:
         again = key not in _ready and key not in _preparing
 
     def task() -> None:
-        _close(session)
+        if not now:
+            _close(session)
         if again:
             _prepare(backend, key)
 

@@ -9,19 +9,23 @@ from collections.abc import Mapping
 from sandbox_core import defaults as d
 from sandbox_core.models import ExecStep, PythonStep
 
-# Python runs the step's script with cwd importable, as `python -c` would, but isolated (-I).
+# Python runs the step's script with cwd importable, as `python -c` would, but isolated (-I)
+# and unbuffered (-u: -I ignores the PYTHONUNBUFFERED the environment sets, and a killed
+# step would lose what it printed). The code runs in the real ``__main__`` module, whose
+# namespace the bootstrap leaves as it found it (plus ``__file__``): unittest.main(),
+# doctest.testmod(), pickle and multiprocessing look their names up there (run in a dict
+# of its own, a failing test suite ran no test and passed: an attack review).
 # exec() of the text, not of compile(): the builtin compile() builds the `ast` node
 # classes on its first call (~0.5 ms of every step's interpreter start, here); exec()
 # parses and compiles the text in C. Tracebacks name the file "<string>", as `-c` would.
+PYTHON_FLAGS = ("-I", "-u")
 PYTHON_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, ''); p = sys.argv.pop(1); sys.argv[0] = p;"
-    " exec(open(p, encoding='utf-8').read(),"
-    " {'__name__': '__main__', '__builtins__': __builtins__})"
+    "import sys; sys.path.insert(0, ''); sys.argv.pop(0); __file__ = sys.argv[0]; del sys;"
+    " exec(open(__file__, encoding='utf-8').read())"
 )
 # The same with the source itself as the argument (for sources small enough for argv).
 PYTHON_INLINE_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, ''); s = sys.argv.pop(1); sys.argv[0] = '-c';"
-    " exec(s, {'__name__': '__main__', '__builtins__': __builtins__})"
+    "import sys; sys.path.insert(0, ''); del sys; exec(__import__('sys').argv.pop(1))"
 )
 BASH = ("bash", "--noprofile", "--norc")
 # Below Linux's 128 KiB limit on one exec argument.
@@ -35,7 +39,7 @@ def source_of(step: ExecStep) -> str:
 def script_argv(step: ExecStep, python: str, script: str) -> list[str]:
     """Run the step's source from the file ``script`` (as the sandbox sees it)."""
     if isinstance(step, PythonStep):
-        return [python, "-I", "-c", PYTHON_BOOTSTRAP, script]
+        return [python, *PYTHON_FLAGS, "-c", PYTHON_BOOTSTRAP, script]
     return [*BASH, script]
 
 
@@ -114,7 +118,7 @@ def inline_argv(step: ExecStep, python: str) -> list[str] | None:
     if len(source.encode()) > INLINE_SOURCE_BYTES:
         return None
     if isinstance(step, PythonStep):
-        return [python, "-I", "-c", PYTHON_INLINE_BOOTSTRAP, source]
+        return [python, *PYTHON_FLAGS, "-c", PYTHON_INLINE_BOOTSTRAP, source]
     return [*BASH, "-c", source]
 
 
@@ -134,4 +138,7 @@ def clean_environment(
         PYTHONUNBUFFERED="1",
     )
     env.update(job_env)
+    # the working directory, whatever the job's env says, as bash sets it (a simple
+    # command is exec'd without bash: sandfarm-exec --direct)
+    env["PWD"] = home
     return env

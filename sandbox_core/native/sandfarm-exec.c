@@ -220,8 +220,21 @@ static void exec_on_path(char **argv) {
     }
 }
 
+/* Every signal to its default and none blocked, as a fresh login would have them: a
+ * signal the worker ignores (Celery's pool ignores SIGINT) or blocks would otherwise
+ * stay so in the job (exec keeps SIG_IGN and the mask), and its verdict change with it. */
+static void default_signals(void) {
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL); /* EINVAL: glibc's own */
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
 /* Exec the step: see --direct above. */
 static void exec_step(char **argv, unsigned long long direct) {
+    default_signals();
     if (direct > 0) {
         char *rest = argv[direct];
         argv[direct] = NULL;

@@ -217,6 +217,28 @@ def test_slot_time_the_worker_could_not_measure_is_charged_whole(sim) -> None:
     assert float(sim.redis.hget(keys.vtime, "limits")) == pytest.approx(1200 - 600 + 5 + 1200)
 
 
+def test_the_wait_for_a_slot_is_not_charged_as_slot_time(sim) -> None:
+    """A job's run time counts its wait for its slot (the teardown of the job before it
+    in the worker's process, maybe another tenant's); fair share charges only the slot
+    time it held (an attack review: a tenant filling its workspace with 2 million files
+    made the next tenant's job wait ~1 s for the teardown, and pay for it)."""
+    jobs = sim.tenant("waited", Policy())
+    sim.submit(jobs, 1, timeout_s=600)
+    keys = sim.settings.keys
+    vtime = float(sim.redis.hget(keys.vtime, "waited"))
+    qid = sim.take()
+    assert qid is not None
+    result = JobResult(id=qid.partition("/")[2], status=Status.SUCCEEDED)
+    result.timings.finished_at = datetime.now(UTC)
+    result.timings.run_ms = 5_000  # of which 4.5 s waiting for the slot
+    result.timings.phases.slot_wait_ms = 4_500
+    assert sim.scripts.store_result(result, None, qid, "waited")
+    assert float(sim.redis.hget(keys.vtime, "waited")) == pytest.approx(vtime - 600 + 0.5)
+    # the run time itself is kept as measured (the result, the run-time stats)
+    stored = JobResult.model_validate_json(sim.redis.get(keys.result(qid)))
+    assert stored.timings.run_ms == 5_000
+
+
 def test_a_purged_tenants_name_starts_afresh(sim) -> None:
     gone = sim.tenant("gone", Policy())
     sim.submit(gone, 2, timeout_s=3600)

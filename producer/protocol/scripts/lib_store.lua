@@ -6,7 +6,8 @@
 -- K (keys): result, done list ('' for none), duplicates counter, in-flight zset, running
 -- flag, stats hash (protocol/stats.py), stored-by (the token of the storing call)
 -- A (args): 1 result JSON, 2 ttl (s), 3 qid, 4 done-list cap, 5 prefix, 6 tenant ('' for
--- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 result bytes (unused: the bytes as stored count), 12 Celery queue,
+-- none), 7 UTC day, 8 status, 9 cpu ms, 10 wall ms, 11 slot s (the run less its wait for
+-- the slot: what fair share charges), 12 Celery queue,
 -- 13 margin, 14 active expiry (s), 15 finished at (epoch s, '' if unknown), 16 backend
 -- label, 17 run-time bucket ('' if it did not run), 18 run s, 19 queue-wait bucket ('' if
 -- unknown), 20 wait s, 21 stats ttl (s); token: this call's own (random), kept token_ttl
@@ -139,7 +140,7 @@ local function store(K, A, token, token_ttl)
       redis.call('HINCRBY', usage, 'status:' .. A[8], 1)
       redis.call('HINCRBYFLOAT', usage, 'cpu_ms', A[9])
       redis.call('HINCRBYFLOAT', usage, 'wall_ms', A[10])
-      redis.call('HINCRBY', usage, 'bytes', #payload)  -- as stored (A[11] counts characters)
+      redis.call('HINCRBY', usage, 'bytes', #payload)  -- as stored
       if charged_on == A[7] then
         redis.call('HINCRBY', usage, 'kept', beyond(charged, payload, qid, prefix, K[2]))
       else
@@ -153,7 +154,7 @@ local function store(K, A, token, token_ttl)
       redis.call('EXPIRE', usage, 9 * 86400)  -- a week of days to look back on
       redis.call('ZREM', prefix .. 'active:' .. tenant, qid)
       redis.call('ZREM', prefix .. 'active', qid)
-      charge_for_run(prefix, tenant, qid, A[17] ~= '' and A[18] or nil)  -- '': not measured
+      charge_for_run(prefix, tenant, qid, A[17] ~= '' and A[11] or nil)  -- '': not measured
       dispatch(prefix, A[12], tonumber(A[13]), 2, tonumber(A[14]))
     end
     return 1
