@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from producer.protocol import AuthError, IdConflictError, QuotaError
+from producer.protocol import AuthError, IdConflictError, JobsLostError, QuotaError
 from producer.protocol.errors import FarmUnavailableError, send_each
 from producer.protocol.ids import client_id as checked_client_id
 from producer.protocol.ids import random_hex_id
@@ -26,6 +26,7 @@ from sandbox_core.errors import PolicyError, SpecError
 
 BATCH = 1000  # the gateway's most jobs (and ids) per request
 WAIT_S = 20.0  # one long-poll for results
+LOST_CHECK_S = 10.0  # while a wait is idle, look this often for jobs the farm forgot
 TRIES = 8  # connection failures and 5xx answers before giving up
 # A tenant's requests at the gateway's bound (429 too-many-requests) wait for a place as
 # long as a long-poll may hold one, and a little more.
@@ -152,14 +153,22 @@ class GatewayClient:
     # --- results --------------------------------------------------------------------
 
     def results(self, ids: Iterable[str], batch: int = BATCH) -> dict[str, JobResult]:
+        return self._results(ids, batch)[0]
+
+    def _results(
+        self, ids: Iterable[str], batch: int = BATCH
+    ) -> tuple[dict[str, JobResult], list[str]]:
+        """The final results among ``ids``, and the ids the farm has no record of."""
         found: dict[str, JobResult] = {}
+        unknown: list[str] = []
         ids = list(ids)
         for start in range(0, len(ids), min(batch, BATCH)):
             reply = self._json("POST", "/v1/results", json={"ids": ids[start : start + BATCH]})
             for raw in reply["results"]:
                 result = JobResult.model_validate(raw)
                 found[result.id or ""] = result
-        return found
+            unknown += reply.get("unknown", ())
+        return found, unknown
 
     def result(self, job_id: str, timeout: float | None = None) -> JobResult | None:
         deadline = time.monotonic() + (timeout or 0)
@@ -198,13 +207,15 @@ class GatewayClient:
         FarmClient does: results announced on this client's completion list come back
         a batch per long-poll, so N jobs cost O(N / 1000) requests; ids announced
         elsewhere (another client, a resumed batch) are found by a rescan when the list
-        is idle. (``notice``: the farm's workers are not a tenant's to see.)"""
+        is idle. Raises JobsLostError, as FarmClient does, once an idle rescan finds ids
+        the farm has no record of (they would never finish). (``notice``: the farm's
+        workers are not a tenant's to see.)"""
         pending = set(ids)
         deadline = None if timeout is None else time.monotonic() + timeout
         for result in self.results(list(pending)).values():
             pending.discard(result.id or "")
             yield result
-        last_rescan = time.monotonic()
+        last_rescan = last_check = time.monotonic()
         while pending:
             left = WAIT_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
@@ -217,8 +228,13 @@ class GatewayClient:
                 found += list(self.results(named).values())
             found = [r for r in found if r.id in pending]
             if not found and time.monotonic() - last_rescan >= rescan_s:
-                found = list(self.results(list(pending)).values())
+                rescanned, unknown = self._results(list(pending))
+                found = list(rescanned.values())
                 last_rescan = time.monotonic()
+                if not found and last_rescan - last_check >= LOST_CHECK_S:
+                    if unknown:
+                        raise JobsLostError(sorted(unknown), f"gateway {self.urls[0]}")
+                    last_check = last_rescan
             for result in found:
                 if result.id in pending:
                     pending.discard(result.id or "")

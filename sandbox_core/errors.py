@@ -16,6 +16,8 @@ and carries its data as attributes, not only as text.
         ├── TenantError (ValueError)                  no such tenant, a bad name or policy
         ├── QuotaError (RuntimeError)                 over a tenant's rate, queue or budget
         ├── AuthError (PermissionError)               the gateway refused the API key
+        ├── JobsLostError (LookupError)               jobs waited on that the farm forgot
+        ├── LateStepError (TimeoutError)              a chain took a job too late for it
         └── InputChangedError (RuntimeError)          a batch input changed mid-run
 
 Job problems (a job that fails, times out, floods) are never raised: they are statuses.

@@ -119,11 +119,14 @@ def schema(result: bool) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def doctor(as_json: bool) -> None:
+@click.option("--redis-url", envvar="SANDFARM_REDIS_URL", help="Redis URL [env SANDFARM_REDIS_URL]")
+def doctor(as_json: bool, redis_url: str | None) -> None:
     """Show which protections each backend really gives on this host, and why not."""
     from producer.protocol import get_settings
 
     settings = get_settings()
+    if redis_url:
+        settings = settings.model_copy(update={"redis_url": redis_url})
     report: dict[str, str | list[dict[str, object]]] = {}
     for name in BACKEND_NAMES:
         try:

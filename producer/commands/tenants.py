@@ -49,25 +49,35 @@ def policy_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for name, flag in reversed(_CAP_FLAGS.items()):
         func = click.option(flag, f"cap_{name}", type=float, help=f"cap of limits.{name}")(func)
     options = [
-        click.option("--weight", type=float, help="fair share against other tenants [1]"),
-        click.option("--max-running", type=int, help="jobs dispatched at once [no cap]"),
-        click.option("--max-queued", type=int, help=f"jobs waiting at once [{DEFAULT_MAX_QUEUED}]"),
+        click.option(
+            "--weight", type=float, help="fair share against other tenants (a new tenant: 1)"
+        ),
+        click.option(
+            "--max-running", type=int, help="jobs dispatched at once (a new tenant: no cap)"
+        ),
+        click.option(
+            "--max-queued",
+            type=int,
+            help=f"jobs waiting at once (a new tenant: {DEFAULT_MAX_QUEUED})",
+        ),
         click.option(
             "--max-queued-mb",
             type=int,
-            help=f"MiB the jobs waiting may hold [{DEFAULT_MAX_QUEUED_MB}]",
+            help=f"MiB the jobs waiting may hold (a new tenant: {DEFAULT_MAX_QUEUED_MB})",
         ),
-        click.option("--rate", type=float, help="submissions per second [no limit]"),
-        click.option("--burst", type=int, help="rate bucket size [2 s of rate]"),
-        click.option("--backends", help="allowed backends, comma-separated [all]"),
-        click.option("--images", help="allowed docker images, comma-separated [any]"),
+        click.option("--rate", type=float, help="submissions per second (a new tenant: no limit)"),
+        click.option("--burst", type=int, help="rate bucket size (a new tenant: 2 s of rate)"),
+        click.option("--backends", help="allowed backends, comma-separated (a new tenant: all)"),
+        click.option("--images", help="allowed docker images, comma-separated (a new tenant: any)"),
         click.option("--network/--no-network", default=None, help="may ask for network"),
         click.option("--result-ttl", "result_ttl_s", type=int, help="result lifetime, seconds"),
-        click.option("--cpu-budget-s-per-day", type=float, help="CPU seconds a day [none]"),
+        click.option(
+            "--cpu-budget-s-per-day", type=float, help="CPU seconds a day (a new tenant: none)"
+        ),
         click.option(
             "--result-mb-per-day",
             type=int,
-            help=f"MiB results keep a day [{DEFAULT_RESULT_MB_PER_DAY}]",
+            help=f"MiB results keep a day (a new tenant: {DEFAULT_RESULT_MB_PER_DAY})",
         ),
     ]
     for option in reversed(options):
@@ -231,6 +241,7 @@ def key_revoke(name: str, key_id: str, redis_url: str | None) -> None:
 @click.argument("name")
 @redis_url_option
 def key_list(name: str, redis_url: str | None) -> None:
+    """List a tenant's keys: id, first characters, created (never the tokens)."""
     store, _ = _store(redis_url)
     for record in store.keys_of(name):
         click.echo(f"{record.id}  {record.shown}...  created {record.created:%Y-%m-%d %H:%M}")

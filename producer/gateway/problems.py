@@ -78,6 +78,15 @@ async def on_problem(_: Request, exc: Exception) -> JSONResponse:
 async def on_invalid(_: Request, exc: Exception) -> JSONResponse:
     """A body that does not validate: 422 naming the most telling offending field."""
     assert isinstance(exc, RequestValidationError)
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":  # not JSON at all: 400, as documented
+            reason = (error.get("ctx") or {}).get("error") or error.get("msg")
+            where = error["loc"][-1] if isinstance(error["loc"][-1], int) else None
+            at = f" at character {where}" if where is not None else ""
+            detail = f"the body is not JSON: {reason}{at}"
+            return response(
+                Problem(type=TYPES + "malformed", title="Bad Request", status=400, detail=detail)
+            )
     errors = [{**e, "loc": tuple(e["loc"][1:])} for e in exc.errors()]  # drop "body"
     spec_error = explain(errors) if errors else SpecError("request", "the request is invalid")
     return response(

@@ -34,7 +34,12 @@ class Settings(BaseSettings):
         description="broker, job state and results (one Redis): redis://, rediss://, unix://,"
         " or sentinel://host:port[,host:port...]/<master>[/<db>] (Redis Sentinel)",
     )
-    queue: str = Field("sandfarm", description="the Celery queue jobs go through")
+    queue: str = Field(
+        "sandfarm",
+        description="the Celery queue a worker consumes and its dispatch fills (jobs wait in"
+        " per-tenant queues first: any worker of the farm takes any job; a separate farm needs"
+        " its own SANDFARM_KEY_PREFIX or Redis DB)",
+    )
     key_prefix: str = Field("sandfarm:", description="prefix of every key sandfarm itself writes")
     visibility_timeout_s: float | None = Field(
         None,
@@ -73,7 +78,7 @@ class Settings(BaseSettings):
         pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
         description="the tenant the trusted SDK and CLI (FarmClient) submit as, through the"
         " same fair-share queues as everyone (made, if missing, with max_queued 1,000,000,"
-        " max_queued_mb 4096)",
+        " max_queued_mb 4096, result_mb_per_day 16384)",
     )
     dispatch_margin: int = Field(
         2,

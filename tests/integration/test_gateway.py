@@ -45,6 +45,22 @@ def problem_of(reply: httpx.Response, status: int) -> dict:
     return body
 
 
+def test_a_body_that_is_not_json_is_400_saying_so(tenants: TenantFarm) -> None:
+    gw = tenants.gateways[0]
+    with api(gw, tenants.tenant("json-a")) as client:
+        headers = {"content-type": "application/json"}
+        # the control: JSON, but no job, is the job's problem (422 naming the field)
+        invalid = problem_of(client.post("/v1/jobs", json={"comand": "true"}), 422)
+        assert invalid["field"], invalid
+        for body in ("notjson", '{"command": "true"'):
+            reply = client.post("/v1/jobs", content=body, headers=headers)
+            problem = problem_of(reply, 400)
+            assert problem["type"].endswith("/malformed"), problem
+            assert problem["detail"].startswith("the body is not JSON"), problem
+        usage = client.get("/v1/usage").json()
+        assert usage["waiting"] == 0 and usage["dispatched"] == 0, usage  # nothing was taken
+
+
 def test_keys_missing_malformed_unknown_and_revoked_are_401(tenants: TenantFarm) -> None:
     gw = tenants.gateways[0]
     good = tenants.tenant("auth-a")

@@ -15,23 +15,35 @@ import pytest
 from rich.console import Console
 
 import producer.client
+import producer.gateway_client
 from producer.batch.run import run_batch
 from producer.client import FarmClient
+from producer.gateway_client import GatewayClient
 from producer.protocol import JobsLostError
 from tests.farmkit import Farm, farm_db, make_farm, wait_for  # noqa: F401
+from tests.gatewaykit import tenant_farm  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def forget(client: FarmClient) -> int:
-    """What a Redis that lost its data looks like to this farm: none of its keys."""
-    keys = list(client.redis.scan_iter(match=f"{client.keys.prefix}*", count=1000))
+def forget(client: FarmClient, keep_tenants: bool = False) -> int:
+    """What a Redis that lost its data looks like to this farm: none of its keys (with
+    ``keep_tenants``, the tenants and their API keys stay: a restored registry)."""
+    prefix = client.keys.prefix
+    kept = (f"{prefix}tenants", f"{prefix}tenant:", f"{prefix}apikey:")
+    keys = [
+        k
+        for k in client.redis.scan_iter(match=f"{prefix}*", count=1000)
+        if not (keep_tenants and k.decode().startswith(kept))
+    ]
     return int(client.redis.delete(*keys)) if keys else 0
 
 
 @pytest.fixture(autouse=True)
 def quick_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(producer.client, "LOST_CHECK_S", 1.0)
+    monkeypatch.setattr(producer.gateway_client, "LOST_CHECK_S", 1.0)
+    monkeypatch.setattr(producer.gateway_client, "WAIT_S", 2.0)  # its long-polls, shorter
 
 
 def test_wait_on_forgotten_jobs_ends_naming_them(make_farm) -> None:  # noqa: F811
@@ -48,6 +60,31 @@ def test_wait_on_forgotten_jobs_ends_naming_them(make_farm) -> None:  # noqa: F8
         assert sorted(caught.value.ids) == sorted(ids)
         assert "3 jobs are unknown to the farm" in str(caught.value)
         assert "'gone-0'" in str(caught.value)
+
+
+def test_a_tenants_wait_on_forgotten_jobs_ends_naming_them(tenant_farm) -> None:  # noqa: F811
+    """The same through the gateway (`batch run --api`): it waited for ever."""
+    tf = tenant_farm()
+    gateway = tf.start_gateway()
+    tenant = GatewayClient(gateway.url, tf.tenant("forgetful"), client_id="lost")
+    try:
+        ids = tenant.submit_many([{"id": f"gone-{i}", "command": "true"} for i in range(3)])
+        assert tenant.state("gone-0") == "queued"  # the farm held them
+        with tf.farm.client() as client:
+            assert forget(client, keep_tenants=True) > 0
+        assert tenant.state("gone-0") == "unknown"
+        began = time.monotonic()
+        with pytest.raises(JobsLostError) as caught:
+            list(tenant.as_completed(ids, timeout=30, rescan_s=0.5))
+        assert time.monotonic() - began < 10  # not the 30 s timeout
+        assert sorted(caught.value.ids) == sorted(ids)
+        assert "3 jobs are unknown to the farm at gateway http://" in str(caught.value)
+        # the control: a job queued with no worker is known, and waited on to the end
+        kept = tenant.submit_many([{"id": "kept", "command": "true"}])
+        with pytest.raises(TimeoutError):  # several lost-job checks ran meanwhile
+            list(tenant.as_completed(kept, timeout=4, rescan_s=0.5))
+    finally:
+        tenant.http.close()
 
 
 def test_queued_job_without_worker_keeps_waiting(make_farm) -> None:  # noqa: F811
