@@ -55,6 +55,10 @@ class GatewayClient:
 
     # --- HTTP -----------------------------------------------------------------------
 
+    def _url(self) -> str:
+        """The gateway this client talks to now (it moves on when one fails)."""
+        return self.urls[self._current % len(self.urls)]
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One call, retried on another gateway URL after a connection failure or 5xx,
         and after a wait while the tenant's other requests fill its places at the gateway
@@ -63,7 +67,7 @@ class GatewayClient:
         busy_until = time.monotonic() + BUSY_WAIT_S
         attempt = 0
         while attempt < TRIES:
-            base = self.urls[self._current % len(self.urls)]
+            base = self._url()
             try:
                 response = self.http.request(method, base.rstrip("/") + path, **kwargs)
             except httpx.TransportError as exc:
@@ -233,7 +237,7 @@ class GatewayClient:
                 last_rescan = time.monotonic()
                 if not found and last_rescan - last_check >= LOST_CHECK_S:
                     if unknown:
-                        raise JobsLostError(sorted(unknown), f"gateway {self.urls[0]}")
+                        raise JobsLostError(sorted(unknown), f"gateway {self._url()}")
                     last_check = last_rescan
             for result in found:
                 if result.id in pending:

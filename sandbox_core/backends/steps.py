@@ -9,24 +9,29 @@ from collections.abc import Mapping
 from sandbox_core import defaults as d
 from sandbox_core.models import ExecStep, PythonStep
 
-# Python runs the step's script with cwd importable, as `python -c` would, but isolated (-I)
-# and unbuffered (-u: -I ignores the PYTHONUNBUFFERED the environment sets, and a killed
-# step would lose what it printed). The code runs in the real ``__main__`` module, whose
-# namespace the bootstrap leaves as it found it (plus ``__file__``): unittest.main(),
+# Python runs the step's script with cwd importable, as `python -c` would, but isolated
+# (-I), its stdout line-buffered (as on a terminal: a step killed at its timeout keeps its
+# lines; -I ignores PYTHONUNBUFFERED, and -u would lose output: a raw pipe write cut
+# short by a signal handler is dropped, CPython issue 85393, and each print is two
+# syscalls, 5-10x slower). The code runs in the real ``__main__`` module, whose namespace
+# the bootstrap leaves as it found it (plus ``__file__`` for a script): unittest.main(),
 # doctest.testmod(), pickle and multiprocessing look their names up there (run in a dict
-# of its own, a failing test suite ran no test and passed: an attack review).
+# of its own, a failing test suite ran no test and passed: an attack review). The script
+# is read under `with` (an unclosed file's ResourceWarning would leave
+# ``__warningregistry__`` in the namespace).
 # exec() of the text, not of compile(): the builtin compile() builds the `ast` node
 # classes on its first call (~0.5 ms of every step's interpreter start, here); exec()
 # parses and compiles the text in C. Tracebacks name the file "<string>", as `-c` would.
-PYTHON_FLAGS = ("-I", "-u")
+PYTHON_FLAGS = ("-I",)
+_PYTHON_START = "import sys; sys.stdout.reconfigure(line_buffering=True); sys.path.insert(0, '');"
 PYTHON_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, ''); sys.argv.pop(0); __file__ = sys.argv[0]; del sys;"
-    " exec(open(__file__, encoding='utf-8').read())"
+    _PYTHON_START + " sys.argv.pop(0); __file__ = sys.argv[0]; del sys\n"
+    "with open(__file__, encoding='utf-8') as f: s = f.read()\n"
+    "del f; exec(globals().pop('s'))"
 )
-# The same with the source itself as the argument (for sources small enough for argv).
-PYTHON_INLINE_BOOTSTRAP = (
-    "import sys; sys.path.insert(0, ''); del sys; exec(__import__('sys').argv.pop(1))"
-)
+# The same with the source itself as the argument (for sources small enough for argv):
+# as `python -c`, no ``__file__``.
+PYTHON_INLINE_BOOTSTRAP = _PYTHON_START + " del sys; exec(__import__('sys').argv.pop(1))"
 BASH = ("bash", "--noprofile", "--norc")
 # Below Linux's 128 KiB limit on one exec argument.
 INLINE_SOURCE_BYTES = 64 * 1024

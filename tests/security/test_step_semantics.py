@@ -46,7 +46,7 @@ sys.exit(1 if doctest.testmod().failed else 0)
 # What only works in the real __main__: pickling its classes, a pool's workers calling
 # its functions; and the names the job finds in it (none of a bootstrap's).
 MAIN_MODULE = """
-names = sorted(k for k in globals() if not k.startswith("__"))
+names = sorted(k for k in globals() if not k.startswith("__") or k == "__warningregistry__")
 import pickle, sys
 from multiprocessing import get_context
 
@@ -109,6 +109,30 @@ def test_a_killed_python_step_keeps_what_it_printed(run) -> None:
     result = run(code=code, limits={"timeout_s": 2})
     assert result.status == Status.TIMED_OUT, result  # it was killed, not ended
     assert only_step(result)[0] == "test 1 passed\n", result
+
+
+# Eight 100 KB lines while a 1 ms interval timer's handler interrupts every write: an
+# unbuffered stdout (python -u) drops what a write cut short did not write (CPython issue
+# 85393); a buffered one writes it all.
+INTERRUPTED_WRITES = """
+import signal
+signal.signal(signal.SIGALRM, lambda *args: None)
+signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+for _ in range(8):
+    print("x" * 100_000)
+signal.setitimer(signal.ITIMER_REAL, 0)
+"""
+
+
+def test_writes_a_signal_handler_interrupts_lose_nothing(run) -> None:
+    expected = ("x" * 100_000 + "\n") * 8
+    for _ in range(3):
+        result = run(
+            steps=[{"kind": "python", "code": INTERRUPTED_WRITES, "expected_stdout": expected}],
+            limits={"output_bytes": 1024 * 1024},
+        )
+        assert result.steps[0].stdout_bytes == len(expected), result.steps[0].stdout_bytes
+        assert result.status == Status.SUCCEEDED, result.message
 
 
 @contextmanager
