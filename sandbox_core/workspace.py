@@ -91,7 +91,10 @@ class Workspace:
         """Whether removing it takes long: a tmpfs holding much data or many files."""
         if not self.mounted:
             return False
-        st = os.statvfs(self.root)
+        try:
+            st = os.statvfs(self.root)
+        except OSError:  # not there to measure: the teardown says why, in the background
+            return False
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         return used > d.TEARDOWN_INLINE_BYTES or st.f_files - st.f_ffree > d.TEARDOWN_INLINE_FILES
 

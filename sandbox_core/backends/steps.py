@@ -12,11 +12,12 @@ from sandbox_core.models import ExecStep, PythonStep
 # Python runs the step's script with cwd importable, as `python -c` would, but isolated
 # (-I), its stdout line-buffered (as on a terminal: a step killed at its timeout keeps its
 # lines; -I ignores PYTHONUNBUFFERED, and -u would lose output: a raw pipe write cut
-# short by a signal handler is dropped, CPython issue 85393, and each print is two
-# syscalls, 5-10x slower). The code runs in the real ``__main__`` module, whose namespace
-# the bootstrap leaves as it found it (plus ``__file__`` for a script): unittest.main(),
-# doctest.testmod(), pickle and multiprocessing look their names up there (run in a dict
-# of its own, a failing test suite ran no test and passed: an attack review). The script
+# short by a signal handler is dropped, CPython issue 85393; many short lines cost ~4x
+# block buffering either way, RESULTS.md). The code runs in the real ``__main__``
+# module, whose namespace the bootstrap leaves as it found it (plus ``__file__`` for a
+# script): unittest.main(), doctest.testmod(), pickle and multiprocessing look their
+# names up there (run in a dict of its own, a failing test suite ran no test and passed:
+# an attack review). The script
 # is read under `with` (an unclosed file's ResourceWarning would leave
 # ``__warningregistry__`` in the namespace).
 # exec() of the text, not of compile(): the builtin compile() builds the `ast` node
