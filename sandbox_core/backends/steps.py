@@ -17,13 +17,11 @@ from sandbox_core.models import ExecStep, PythonStep
 # module, whose namespace the bootstrap leaves as it found it (plus ``__file__`` for a
 # script): unittest.main(), doctest.testmod(), pickle and multiprocessing look their
 # names up there (run in a dict of its own, a failing test suite ran no test and passed:
-# an attack review). The script
-# is read under `with` (an unclosed file's ResourceWarning would leave
-# ``__warningregistry__`` in the namespace).
+# an attack review). The script is read under `with` (an unclosed file's ResourceWarning
+# would leave ``__warningregistry__`` in the namespace).
 # exec() of the text, not of compile(): the builtin compile() builds the `ast` node
 # classes on its first call (~0.5 ms of every step's interpreter start, here); exec()
 # parses and compiles the text in C. Tracebacks name the file "<string>", as `-c` would.
-PYTHON_FLAGS = ("-I",)
 _PYTHON_START = "import sys; sys.stdout.reconfigure(line_buffering=True); sys.path.insert(0, '');"
 PYTHON_BOOTSTRAP = (
     _PYTHON_START + " sys.argv.pop(0); __file__ = sys.argv[0]; del sys\n"
@@ -45,7 +43,7 @@ def source_of(step: ExecStep) -> str:
 def script_argv(step: ExecStep, python: str, script: str) -> list[str]:
     """Run the step's source from the file ``script`` (as the sandbox sees it)."""
     if isinstance(step, PythonStep):
-        return [python, *PYTHON_FLAGS, "-c", PYTHON_BOOTSTRAP, script]
+        return [python, "-I", "-c", PYTHON_BOOTSTRAP, script]
     return [*BASH, script]
 
 
@@ -124,7 +122,7 @@ def inline_argv(step: ExecStep, python: str) -> list[str] | None:
     if len(source.encode()) > INLINE_SOURCE_BYTES:
         return None
     if isinstance(step, PythonStep):
-        return [python, *PYTHON_FLAGS, "-c", PYTHON_INLINE_BOOTSTRAP, source]
+        return [python, "-I", "-c", PYTHON_INLINE_BOOTSTRAP, source]
     return [*BASH, "-c", source]
 
 

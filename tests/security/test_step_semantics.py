@@ -115,12 +115,14 @@ def test_a_killed_python_step_keeps_what_it_printed(run) -> None:
 # unbuffered stdout (python -u) drops what a write cut short did not write (CPython issue
 # 85393); a buffered one writes it all.
 INTERRUPTED_WRITES = """
-import signal
-signal.signal(signal.SIGALRM, lambda *args: None)
+import signal, sys
+fired = []
+signal.signal(signal.SIGALRM, lambda *args: fired.append(1))
 signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
 for _ in range(8):
     print("x" * 100_000)
 signal.setitimer(signal.ITIMER_REAL, 0)
+print(f"handler ran {len(fired)} times", file=sys.stderr)
 """
 
 
@@ -131,6 +133,9 @@ def test_writes_a_signal_handler_interrupts_lose_nothing(run) -> None:
             steps=[{"kind": "python", "code": INTERRUPTED_WRITES, "expected_stdout": expected}],
             limits={"output_bytes": 1024 * 1024},
         )
+        # the attack ran: the handler interrupted the writing program
+        handled = result.steps[0].stderr.split()
+        assert handled[:2] == ["handler", "ran"] and int(handled[2]) > 0, result.steps[0].stderr
         assert result.steps[0].stdout_bytes == len(expected), result.steps[0].stdout_bytes
         assert result.status == Status.SUCCEEDED, result.message
 
@@ -178,6 +183,8 @@ def test_the_python_child_setup_gives_default_signals_too(is_root: bool) -> None
     backend = get_backend("process", exec_helper="")
     try:
         with signals_as_a_celery_pool_has_them():
+            bare = subprocess.run(["sh", "-c", SIGNAL_STATE], capture_output=True, text=True)
+            assert masks(bare.stdout)["SigIgn"] & SIGINT_BIT, bare.stdout  # the attack is there
             result = backend.run(parse_spec({"command": f"{SIGNAL_STATE}; true"}))
     finally:
         backend.close()
