@@ -12,7 +12,7 @@ import subprocess
 import sys
 import warnings
 
-from celery import Celery, signals
+from celery import Celery, bootsteps, signals
 from celery.app import trace
 
 from producer.protocol import (
@@ -146,7 +146,19 @@ _stopping = mmap.mmap(-1, 1)
 
 @signals.worker_shutting_down.connect
 def _on_shutting_down(**_: object) -> None:
-    _stopping[0] = 1
+    _stopping[0] = 1  # a signal (SIGTERM, SIGINT, SIGQUIT): before anything stops
+
+
+class StopChains(bootsteps.StartStopStep):
+    """Every other way a worker stops (`celery control shutdown` raises WorkerShutdown,
+    which sends no worker_shutting_down): the worker's blueprint closes every step before
+    it stops the first, so this runs before the pool waits for its tasks."""
+
+    def close(self, parent: object) -> None:
+        _stopping[0] = 1
+
+
+app.steps["worker"].add(StopChains)
 
 
 def stopping() -> bool:

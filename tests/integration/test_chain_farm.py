@@ -131,14 +131,29 @@ def test_flower_lists_the_jobs_a_chain_ran(make_farm) -> None:  # noqa: F811
             assert task["result"].rstrip("'").endswith("process")
 
 
-def test_a_warm_shutdown_stops_a_chain_and_loses_no_job(make_farm) -> None:  # noqa: F811
+def remote_shutdown(farm: Farm, worker_name: str) -> None:
+    """`celery control shutdown` to one worker: Celery's remote command, no signal."""
+    from celery import Celery
+
+    app = Celery("stopper", broker=farm.redis_url, set_as_current=False)
+    try:
+        app.control.shutdown(destination=[worker_name])
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "remote_control"])
+def test_a_warm_shutdown_stops_a_chain_and_loses_no_job(make_farm, how: str) -> None:  # noqa: F811
     farm: Farm = make_farm()
     worker = farm.start_worker("stopping", 1)
     with farm.client() as client:
         ids = client.submit_many([{"command": f"sleep 0.2; echo {i}"} for i in range(40)])
         wait_for(lambda: chained(client) >= 2, 30, 0.05, "a chain under way")
         done_when_asked = len(client.results(ids))
-        worker.proc.send_signal(signal.SIGTERM)
+        if how == "sigterm":
+            worker.proc.send_signal(signal.SIGTERM)
+        else:
+            remote_shutdown(farm, worker.name)
         worker.proc.wait(30)
         # It stopped after its current job (a step may have taken one more as the signal
         # came), not after the rest of its chain: 5 s more of 0.2 s jobs would be ~20.
