@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -38,9 +38,9 @@ def first_error(exc: ValidationError) -> SpecError:
     return explain(exc.errors(include_url=False))
 
 
-def explain(errors: Sequence[Any]) -> SpecError:
+def explain(errors: Sequence[Any], root: type[BaseModel] = JobSpec) -> SpecError:
     """The most telling of pydantic's error records (``type``, ``loc``, ``msg``, ``input``,
-    ``ctx``), with its field and reason; loc as the user wrote the data."""
+    ``ctx``), with its field and reason; loc as the user wrote the data, in a ``root``."""
     errors = sorted(
         errors, key=lambda e: 0 if e["type"] in _FIRST else 2 if e["type"] == "missing" else 1
     )
@@ -50,11 +50,11 @@ def explain(errors: Sequence[Any]) -> SpecError:
     if isinstance(ctx_error, SpecError):
         field = f"{loc}.{ctx_error.field}" if loc else ctx_error.field
         return SpecError(field, ctx_error.reason)
-    reason = _reason(err)
+    reason = _reason(err, root)
     more = len(errors) - 1
     if more and err["type"] not in _FIRST:
         reason += f" (and {more} more)"
-    return SpecError(loc or "job", reason, err.get("input"))
+    return SpecError(loc or ("job" if root is JobSpec else "body"), reason, err.get("input"))
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -69,16 +69,17 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts)
 
 
-def _reason(err: Any) -> str:
+def _reason(err: Any, root: type[BaseModel]) -> str:
     kind, loc = err["type"], err["loc"]
     if kind == "extra_forbidden":
         name = str(loc[-1])
-        known = _known_fields(loc[:-1])
+        known = _known_fields(loc[:-1], root)
         near = difflib.get_close_matches(name, known, n=1)
-        if not near and len(loc) == 1:  # a limit given at the top: "timeout" for limits
+        if not near and _model_at(root, loc[:-1]) is JobSpec:  # a limit at a job's top
             limits = {f: f"limits.{f}" for f in Limits.model_fields}
             near = [limits[m] for m in difflib.get_close_matches(name, list(limits), n=1)]
         hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(known)}"
+        hint = hint if near or known else ""
         return f"unknown field{hint}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tag = (err.get("ctx") or {}).get("tag", "")
@@ -92,11 +93,34 @@ def _reason(err: Any) -> str:
     return f"{message} (got {value})" if kind != "missing" else message.lower()
 
 
-def _known_fields(parent: tuple[int | str, ...]) -> list[str]:
-    """Field names valid where an unknown one was found."""
-    model: type[BaseModel] = JobSpec
-    if parent[:1] == ("limits",):
-        model = Limits
-    elif parent[:1] == ("steps",) and len(parent) >= 3 and str(parent[2]) in STEP_MODELS:
-        model = STEP_MODELS[str(parent[2])]
-    return [name for name in model.model_fields if name != "kind"]
+def _known_fields(parent: tuple[int | str, ...], root: type[BaseModel]) -> list[str]:
+    """Field names valid where an unknown one was found (none if ``parent`` leads to no
+    model of ``root``'s)."""
+    model = _model_at(root, parent)
+    return [] if model is None else [name for name in model.model_fields if name != "kind"]
+
+
+def _model_at(root: type[BaseModel], path: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model ``path`` (a pydantic loc, its list indexes and step kinds included)
+    names inside ``root``."""
+    model, rest = root, list(path)
+    while rest:
+        field = model.model_fields.get(str(rest.pop(0)))
+        if field is None:
+            return None
+        if rest and isinstance(rest[0], int):
+            rest.pop(0)  # an item of a list
+        inner = _models_in(field.annotation)
+        if rest and str(rest[0]) in STEP_MODELS and STEP_MODELS[str(rest[0])] in inner:
+            inner = [STEP_MODELS[str(rest.pop(0))]]  # the tag of a union of steps
+        if len(inner) != 1:
+            return None
+        model = inner[0]
+    return model
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds: X, X | None, list[X], Annotated[A | B, ...]."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]

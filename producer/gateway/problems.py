@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandbox_core.errors import SpecError
+from sandbox_core.models import JobSpec
 from sandbox_core.validation import explain
 
 PROBLEM = "application/problem+json"
@@ -75,9 +76,43 @@ async def on_problem(_: Request, exc: Exception) -> JSONResponse:
     return response(exc.problem, exc.headers)
 
 
-async def on_invalid(_: Request, exc: Exception) -> JSONResponse:
-    """A body that does not validate: 422 naming the most telling offending field."""
+def _json_media(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _body_model(request: Request) -> type[BaseModel]:
+    """The model the route reads its body as (a job, a list of jobs, a list of ids): the
+    names an unknown field is matched against."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(body, "field_info", None), "annotation", None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else JobSpec
+
+
+async def on_invalid(request: Request, exc: Exception) -> JSONResponse:
+    """A body that does not validate: 422 naming the most telling offending field; 415 for
+    a body of another content type (FastAPI reads only JSON types as JSON, so a job sent
+    as a form, as `curl -d` sends it, would be 422 "job: Input should be a valid
+    dictionary"); 400 for one sent as JSON that is not JSON."""
     assert isinstance(exc, RequestValidationError)
+    sent_as = request.headers.get("content-type")
+    if (
+        sent_as
+        and not _json_media(sent_as)
+        and any(e["loc"][:1] == ("body",) for e in exc.errors())
+    ):
+        media = sent_as.split(";", 1)[0].strip()[:100]
+        detail = f"the body is sent as {media!r}: send it as JSON (Content-Type: application/json)"
+        return response(
+            Problem(
+                type=TYPES + "unsupported-media-type",
+                title="Unsupported Media Type",
+                status=415,
+                detail=detail,
+            )
+        )
     for error in exc.errors():
         if error.get("type") == "json_invalid":  # not JSON at all: 400, as documented
             reason = (error.get("ctx") or {}).get("error") or error.get("msg")
@@ -88,7 +123,8 @@ async def on_invalid(_: Request, exc: Exception) -> JSONResponse:
                 Problem(type=TYPES + "malformed", title="Bad Request", status=400, detail=detail)
             )
     errors = [{**e, "loc": tuple(e["loc"][1:])} for e in exc.errors()]  # drop "body"
-    spec_error = explain(errors) if errors else SpecError("request", "the request is invalid")
+    root = _body_model(request)
+    spec_error = explain(errors, root) if errors else SpecError("request", "the request is invalid")
     return response(
         Problem(
             type=TYPES + "invalid",

@@ -114,7 +114,7 @@ def _named(specs: list[JobSpec]) -> list[JobSpec]:
     "/jobs",
     status_code=202,
     response_model=Accepted,
-    responses=problems(409, 429),
+    responses=problems(409, 415, 429),
     summary="Submit one job",
 )
 def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=ONE_JOB)], who: Who) -> Accepted:
@@ -126,7 +126,7 @@ def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=ONE_JOB)], who: Wh
     "/jobs/batch",
     status_code=202,
     response_model=Accepted,
-    responses=problems(409, 429),
+    responses=problems(409, 415, 429),
     summary="Submit up to 1,000 jobs: all are accepted, or none",
 )
 def submit_jobs(body: Annotated[JobList, Body(openapi_examples=JOBS)], who: Who) -> Accepted:
@@ -178,7 +178,7 @@ def _final(who: Caller, job_id: str) -> JobResult:
 @router.post(
     "/results",
     response_model=Results,
-    responses=problems(),
+    responses=problems(415),
     summary="Many results at once; with wait, until at least one more is final",
 )
 def get_results(body: ResultsRequest, who: Who) -> Results:
@@ -289,7 +289,9 @@ def cancel_job(job_id: JobId, who: Who) -> Cancelled:
     return Cancelled(cancelled=[job_id] if done else [], not_cancelled=[] if done else [job_id])
 
 
-@router.post("/jobs/cancel", response_model=Cancelled, responses=problems(), summary="Cancel jobs")
+@router.post(
+    "/jobs/cancel", response_model=Cancelled, responses=problems(415), summary="Cancel jobs"
+)
 def cancel_jobs(body: CancelRequest, who: Who) -> Cancelled:
     with _translated():
         done = {i: ID_RE.fullmatch(i) is not None and who.jobs.cancel(i) for i in body.ids}
@@ -302,7 +304,7 @@ def cancel_jobs(body: CancelRequest, who: Who) -> Cancelled:
 @router.post(
     "/jobs/specs",
     response_model=SpecHashes,
-    responses=problems(),
+    responses=problems(415),
     summary="The spec hash each id names (how a client tells an edited job from a done one)",
 )
 def spec_hashes(body: SpecHashesRequest, who: Who) -> SpecHashes:

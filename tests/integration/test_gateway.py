@@ -61,6 +61,59 @@ def test_a_body_that_is_not_json_is_400_saying_so(tenants: TenantFarm) -> None:
         assert usage["waiting"] == 0 and usage["dispatched"] == 0, usage  # nothing was taken
 
 
+def test_a_body_of_another_content_type_is_415_saying_so(tenants: TenantFarm) -> None:
+    gw = tenants.gateways[0]
+    job = '{"command": "echo hi", "backend": "process"}'
+    bodies = {
+        "/v1/jobs": job,
+        "/v1/jobs/batch": '{"jobs": [' + job + "]}",
+        "/v1/results": '{"ids": ["x"]}',
+        "/v1/jobs/cancel": '{"ids": ["x"]}',
+        "/v1/jobs/specs": '{"ids": ["x"]}',
+    }
+    with api(gw, tenants.tenant("media-a")) as client:
+        for path, body in bodies.items():
+            # what `curl -d` sends, and a plain-text client
+            for media in ("application/x-www-form-urlencoded", "text/plain; charset=utf-8"):
+                reply = client.post(path, content=body, headers={"content-type": media})
+                problem = problem_of(reply, 415)
+                assert problem["type"].endswith("/unsupported-media-type"), problem
+                assert media.split(";")[0] in problem["detail"], problem
+                assert "application/json" in problem["detail"], problem
+        usage = client.get("/v1/usage").json()
+        assert usage["waiting"] == 0 and usage["dispatched"] == 0, usage  # nothing was taken
+        # the control: the same bodies as JSON are taken
+        for path, body in bodies.items():
+            reply = client.post(path, content=body, headers={"content-type": "application/json"})
+            assert reply.status_code in (200, 202), (path, reply.text)
+
+
+def test_an_unknown_field_is_matched_against_its_own_bodys_fields(tenants: TenantFarm) -> None:
+    """Each route's body is its own model: a typo in a list of ids is not told a job's
+    fields, a missing body is not called a job."""
+    gw = tenants.gateways[0]
+    cases = [
+        ("/v1/jobs", {"comand": "true"}, "comand", "did you mean 'command'?"),  # control
+        ("/v1/jobs/batch", {"job": []}, "job", "did you mean 'jobs'?"),
+        (
+            "/v1/jobs/batch",
+            {"jobs": [{"command": "x", "limits": {"timeot": 1}}]},
+            "jobs.0.limits.timeot",
+            "did you mean 'timeout_s'?",
+        ),
+        ("/v1/results", {"id": ["x"]}, "id", "did you mean 'ids'?"),
+        ("/v1/jobs/cancel", {"command": "true"}, "command", "known: ids"),
+        ("/v1/jobs/specs", {"command": "true"}, "command", "known: ids"),
+    ]
+    with api(gw, tenants.tenant("fields-a")) as client:
+        for path, body, field, hint in cases:
+            problem = problem_of(client.post(path, json=body), 422)
+            assert problem["field"] == field, (path, problem)
+            assert problem["detail"].endswith(hint), (path, problem)
+        missing = problem_of(client.post("/v1/results"), 422)
+        assert missing["field"] == "body" and "required" in missing["detail"], missing
+
+
 def test_keys_missing_malformed_unknown_and_revoked_are_401(tenants: TenantFarm) -> None:
     gw = tenants.gateways[0]
     good = tenants.tenant("auth-a")

@@ -139,3 +139,29 @@ def test_a_good_or_missing_client_id_is_kept_or_made() -> None:
     assert len(made) == 100 and all(CLIENT_ID_RE.fullmatch(name) for name in made)
     gateway = GatewayClient("http://127.0.0.1:1", "key", client_id="reader")
     assert gateway.http.headers["Sandfarm-Client"] == "reader"
+
+
+def test_a_body_of_another_model_is_explained_with_its_own_fields() -> None:
+    """The gateway's bodies (a list of jobs, a list of ids) name their own fields."""
+    from pydantic import BaseModel, ValidationError
+
+    from sandbox_core.models import JobSpec
+    from sandbox_core.validation import explain
+
+    class Ids(BaseModel, extra="forbid"):
+        ids: list[str]
+
+    class Jobs(BaseModel, extra="forbid"):
+        jobs: list[JobSpec]
+
+    def error(model: type[BaseModel], data: dict) -> str:
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(data)
+        return str(explain(info.value.errors(), model))
+
+    assert error(Ids, {"idz": []}).startswith("idz: unknown field; did you mean 'ids'?")
+    assert error(Ids, {"command": "x"}).startswith("command: unknown field; known: ids")
+    steps = {"jobs": [{"steps": [{"kind": "bash", "comand": "x"}]}]}
+    assert error(Jobs, steps).startswith("jobs.0.steps.0.comand: unknown field; did you mean")
+    top = {"jobs": [{"command": "x", "timeout": 1}]}
+    assert error(Jobs, top).startswith("jobs.0.timeout: unknown field; did you mean 'limits.")
