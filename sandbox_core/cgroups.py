@@ -282,6 +282,7 @@ class JobCgroup:
         """Kill every process in the group, even ones that called setsid; True when empty."""
         deadline = time.monotonic() + wait_s
         layout = self.layout
+        pause = 0.002
         while True:
             kill_file = self._path("kill")
             if kill_file is not None:
@@ -297,7 +298,8 @@ class JobCgroup:
                 return True
             if time.monotonic() > deadline:
                 return False
-            time.sleep(0.002)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)  # a long exit (defaults.SLOT_KILL_WAIT_S) is rare
 
     def _kill_dirs(self) -> list[Path] | None:
         """This group's directory in the hierarchy that kills it (None: every one)."""

@@ -69,7 +69,9 @@ def private_tmp(size_mb: int) -> None:
     native/sandfarm-exec.c."""
     unshare(CLONE_NEWNS | CLONE_NEWIPC)
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    opts = f"size={size_mb}m,mode=1777"
+    # inodes bounded, a quarter of the workspace's bound each: the kernel evicts them in
+    # the exit of the job's last process, which must end within the slot's kill
+    opts = f"size={size_mb}m,nr_inodes={max(1024, size_mb * 64)},mode=1777"
     for path in SHARED_WRITABLE_DIRS:
         real = os.path.realpath(path)
         if os.path.isdir(real):
@@ -79,6 +81,8 @@ def private_tmp(size_mb: int) -> None:
     if os.path.isdir("/dev/mqueue"):
         _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=invisible")
+    if os.path.isdir("/sys"):  # of the job's network namespace (joined before this)
+        _mount("sysfs", "/sys", "sysfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
     if os.path.isdir(CGROUP_ROOT):  # every slot's counters out of view, as in bwrap, docker
         flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY
         _mount("tmpfs", CGROUP_ROOT, "tmpfs", flags, "size=4k,mode=0555")
@@ -289,14 +293,14 @@ class ChildSetup:
             argv += ["--seccomp-fd", str(seccomp_fd)]
         for path in self.cgroup_procs:  # first, as __call__: private_tmp hides the tree
             argv += ["--cgroup", path]
+        if self.netns_fd is not None:  # before private_tmp: its sysfs shows this one
+            argv += ["--netns-fd", str(self.netns_fd)]
         if self.private_tmp_mb is not None:
             argv += ["--private-tmp", str(self.private_tmp_mb)]
             if self.devpts_max is not None:
                 argv += ["--devpts", str(self.devpts_max)]
             if self.hide_under is not None and self.keep is not None:
                 argv += ["--hide-under", self.hide_under, "--keep", self.keep]
-        if self.netns_fd is not None:
-            argv += ["--netns-fd", str(self.netns_fd)]
         for res, soft, hard in () if job_later else self.rlimits:
             argv += ["--rlimit", f"{res}:{soft}:{hard}"]
         if self.uid is not None:

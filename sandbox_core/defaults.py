@@ -64,6 +64,12 @@ DOCKER_UID_BASE = SLOT_UID_BASE + MAX_SLOTS
 # After the main process of a step exits, how long daemonised leftovers may keep
 # writing before the step's process tree is killed.
 EXIT_DRAIN_S = 0.2
+# How long a slot's kill waits for its group to empty, in the killed job's own time: a
+# killed process leaves the group only at the end of its exit, which tears down what
+# it held last (its tmpfs mounts' inodes: seconds at the largest workspace). A session
+# is never opened in a group not yet empty (an attack review: the next jobs ended
+# `error`, EBUSY on the memory limit, or `memory_exceeded` under the leftover's charge).
+SLOT_KILL_WAIT_S = 60.0
 
 # Docker backend: the image jobs run in unless they name another (built by ops/images/).
 DOCKER_IMAGE = "sandfarm/sandbox:latest"

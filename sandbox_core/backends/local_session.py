@@ -19,6 +19,7 @@ from sandbox_core.backends.base import Session
 from sandbox_core.backends.steps import direct_words, script_argv, source_of
 from sandbox_core.cgroups import JobCgroup
 from sandbox_core.childsetup import ChildSetup, bytes_memfd, env_memfd
+from sandbox_core.errors import SlotBusyError
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import (
@@ -93,11 +94,19 @@ class LocalSession(Session):
             self.scripts = self.ws.root / "scripts"
             self.scripts.mkdir(mode=0o755)  # root-owned when root: the job reads, never edits
             self.cgroup = slot.cgroup
+            self._wait_for_empty_group()
             self.apply_limits()
         except BaseException:
             self.close()
             raise
         self.paths = backend.sandbox_paths(self)
+
+    def _wait_for_empty_group(self) -> None:
+        """Never a session beside an earlier job's process: its memory would count against
+        this job's limit (defaults.SLOT_KILL_WAIT_S)."""
+        group = self.cgroup
+        if group is not None and not group.none_left() and not group.kill(d.SLOT_KILL_WAIT_S):
+            raise SlotBusyError(self.slot.index, d.SLOT_KILL_WAIT_S)
 
     def apply_limits(self) -> None:
         if self.cgroup is not None:
@@ -176,7 +185,7 @@ class LocalSession(Session):
 
     def kill_tree(self) -> None:
         if self.cgroup is not None:
-            self.cgroup.kill()
+            self.cgroup.kill(d.SLOT_KILL_WAIT_S)  # the job's own time (defaults)
         elif self.slot.uid is not None:
             sweep_uid(self.slot.uid)
 

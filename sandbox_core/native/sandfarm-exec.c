@@ -13,7 +13,8 @@
  *        sandfarm-exec [the same setup options] --standby FD --
  *        sandfarm-exec --init STATUS_FD [--direct N] -- PROGRAM ARGS...
  *        sandfarm-exec --init STATUS_FD --standby FD --
- * Options act in the order given (--devpts and --hide-under need --private-tmp first).
+ * Options act in the order given (--devpts and --hide-under need --private-tmp first;
+ * --private-tmp mounts a sysfs of the network namespace it finds, so --netns-fd first).
  * --devpts: the job's own pty instance (at most MAX ptys: the host's table is shared).
  * --hide-under/--keep: unmount, in the job's mount namespace only, every mount under DIR
  * but KEEP (other jobs' workspaces would show in /proc/self/mountinfo).
@@ -99,8 +100,12 @@ static void private_tmp(const char *size_mb) {
     if (unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0) die("unshare", "mount+ipc");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die("make / private", NULL);
     static const char *dirs[] = {"/tmp", "/var/tmp", "/dev/shm", "/run", NULL};
-    char opts[64], real[4096];
-    snprintf(opts, sizeof opts, "size=%sm,mode=1777", size_mb);
+    char opts[96], real[4096];
+    /* Inodes bounded, a quarter of the workspace's bound each: the kernel evicts them in
+     * the exit of the job's last process, which must end within the slot's kill. */
+    unsigned long long inodes = strtoull(size_mb, NULL, 10) * 64;
+    snprintf(opts, sizeof opts, "size=%sm,nr_inodes=%llu,mode=1777", size_mb,
+             inodes < 1024 ? 1024ULL : inodes);
     for (int i = 0; dirs[i]; i++) {
         struct stat st;
         if (!realpath(dirs[i], real) || stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
@@ -115,6 +120,11 @@ static void private_tmp(const char *size_mb) {
         die("mount mqueue on", "/dev/mqueue");
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") != 0)
         die("mount proc", "hidepid=invisible");
+    /* A sysfs of the job's own network namespace (joined before this): the host's showed
+     * the host's interfaces and counters, its loopback's the workers' traffic with Redis. */
+    if (stat("/sys", &st) == 0 && S_ISDIR(st.st_mode) &&
+        mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, NULL) != 0)
+        die("mount sysfs on", "/sys");
     /* The host's cgroup tree out of view (every slot's counters: what another tenant's
      * job, or the slot's last one, used): an empty read-only tmpfs, as bwrap and docker. */
     if (stat("/sys/fs/cgroup", &st) == 0 && S_ISDIR(st.st_mode) &&

@@ -6,6 +6,9 @@ runs two jobs in one slot, first proving the first job's leftovers are there to 
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -129,3 +132,109 @@ def test_no_job_reads_a_slots_cgroup_counters(backend):
     assert readable == "0", second.steps[0].stdout  # no counter in its view
     if kind != "docker":  # (a container sees only its own groups, new with it)
         assert listed == "0", second.steps[0].stdout
+
+
+# Creates empty files in a directory until the filesystem refuses one; prints the count.
+FILLS_INODES = """
+import os
+made, where = 0, {where!r}
+try:
+    while made < 200_000:
+        os.close(os.open(f"{where}/f{{made}}", os.O_CREAT | os.O_WRONLY, 0o600))
+        made += 1
+    print(made, "no limit")
+except OSError as exc:
+    print(made, exc.strerror)
+"""
+
+
+def test_a_jobs_private_tmp_bounds_its_inodes(backend):
+    """A job's private /tmp, /var/tmp, /dev/shm and /run (the process backend's) hold a
+    bounded number of files: the kernel evicts them in the exit of the job's last
+    process, and a leftover holding millions kept its slot's group busy for tens of
+    seconds after its kill (an attack review: the next jobs in the slot ended `error`)."""
+    kind = backend_kind(backend)
+    if kind != "process":
+        pytest.skip("bwrap's and docker's /tmp are in the job's workspace or container")
+    sandbox = make_backend(kind, slot=SLOT)
+    limits = {"workspace_mb": 16}  # workspace: max(4096, 16 * 256) inodes; each tmp: 1024
+    try:
+        fills = {
+            where: sandbox.run(
+                parse_spec({"code": FILLS_INODES.format(where=where), "limits": limits})
+            )
+            for where in ("/tmp", "/dev/shm", "/run", ".")
+        }
+    finally:
+        sandbox.close()
+    made = {}
+    for where, result in fills.items():
+        assert result.status == Status.SUCCEEDED, result
+        count, reason = result.steps[0].stdout.split(" ", 1)
+        made[where] = (int(count), reason.strip())
+    # the control: the workspace takes its own, larger bound's worth (the attack runs)
+    assert 3000 < made["."][0] < 4096, made
+    for where in ("/tmp", "/dev/shm", "/run"):
+        assert 500 < made[where][0] < 1024, made  # ... the private dirs a quarter of it
+        assert made[where][1] == "No space left on device", made
+
+
+def test_no_session_opens_beside_an_earlier_jobs_process(backend):
+    """A process still in a slot's group (a leftover whose exit outlasted its job's kill)
+    is killed before the slot's next session starts: never beside it, where its memory
+    would count against the next job's limit and its limit could not be set."""
+    kind = backend_kind(backend)
+    if kind == "docker":
+        pytest.skip("a container's group is new with each container")
+    sandbox = make_backend(kind, slot=SLOT, prewarm=False)
+    leftover, died = None, []
+    try:
+        first = sandbox.run(parse_spec({"command": "true"}))  # the slot's group exists
+        layout = cgroups.detect()
+        group = cgroups.JobCgroup(f"slot{SLOT}", layout, [b / f"slot{SLOT}" for b in layout.bases])
+        leftover = subprocess.Popen(["sleep", "600"])
+        for procs in group.procs_files:
+            Path(procs).write_text(str(leftover.pid))
+        assert leftover.pid in group.pids() and not group.none_left()  # the attack's state
+        watch = threading.Thread(target=lambda: died.append((leftover.wait(), time.time())))
+        watch.start()
+        second = sandbox.run(parse_spec({"code": "import time; print(time.time())"}))
+        watch.join(10)
+    finally:
+        sandbox.close()
+        if leftover is not None and leftover.poll() is None:
+            leftover.kill()
+    assert first.status == Status.SUCCEEDED and second.status == Status.SUCCEEDED, second
+    assert died and died[0][0] == -9, died  # killed ...
+    assert died[0][1] < float(second.steps[0].stdout), died  # ... before the job started
+
+
+SEES_SYSFS_NET = """
+import os
+names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+try:
+    rx = int(open("/sys/class/net/lo/statistics/rx_bytes").read())
+except OSError:
+    rx = -1
+print(",".join(names), rx, sep="|")
+"""
+
+
+def test_the_hosts_interfaces_are_out_of_a_jobs_sysfs(backend):
+    """The host's sysfs lists the host's interfaces with their live counters, and the host
+    loopback's carry every byte the workers exchange with Redis: a job sees its own
+    network namespace's there (or no /sys), never the host's."""
+    kind = backend_kind(backend)
+    host = sorted(os.listdir("/sys/class/net"))
+    host_rx = int(Path("/sys/class/net/lo/statistics/rx_bytes").read_text())
+    assert set(host) - {"lo"} and host_rx > 0, (host, host_rx)  # there to read
+    sandbox = make_backend(kind, slot=SLOT)
+    try:
+        result = sandbox.run(parse_spec({"code": SEES_SYSFS_NET}))
+    finally:
+        sandbox.close()
+    assert result.status == Status.SUCCEEDED, result
+    names, rx = result.steps[0].stdout.strip().split("|")
+    seen = set(names.split(",")) - {""}
+    assert seen <= {"lo"}, (seen, host)  # none of the host's own interfaces
+    assert int(rx) < host_rx, (rx, host_rx)  # its own loopback's counters, if any
