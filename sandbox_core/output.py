@@ -122,6 +122,13 @@ class HeadTailBuffer:
             if len(self._tail) > 2 * self.tail_limit:  # amortised trim
                 del self._tail[: -self.tail_limit]
 
+    def skip(self, count: int) -> None:
+        """Count ``count`` bytes that were not read, after a full head: what the tail held
+        is no longer the last of the stream."""
+        if count > 0:
+            self.total += count
+            self._tail.clear()
+
     @property
     def head(self) -> bytes:
         return bytes(self._head)

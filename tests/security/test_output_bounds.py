@@ -96,3 +96,33 @@ def test_invalid_utf8_output_yields_valid_json(run):
     assert "\ufffd" in document["steps"][0]["stdout"]
     assert document["steps"][0]["stdout"].startswith("ok ")
     assert document["steps"][0]["stderr_bytes"] == 2
+
+
+def test_reading_a_huge_sparse_file_costs_the_worker_its_head_and_tail(run):
+    """A read_file step keeps the file's head and tail and counts the rest: a job that
+    reads a 4 GB sparse file (no disk, no memory, no CPU of its own) ten times must not
+    make the worker read 40 GB, CPU no limit of the job's counts (an attack review)."""
+    import resource
+
+    def worker_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    size = 4095 * 1024 * 1024
+    make = (
+        "with open('big', 'wb') as f:\n"
+        "    f.write(b'FIRST'); f.seek(" + str(size - 4) + "); f.write(b'LAST')\n"
+    )
+    reads = [{"kind": "read_file", "path": "big"}] * 10
+    before = worker_cpu()
+    result = run(
+        steps=[{"kind": "python", "code": make}, *reads],
+        limits={"file_size_mb": 4096, "output_bytes": 8192},
+    )
+    spent = worker_cpu() - before
+    assert result.status == Status.SUCCEEDED, result
+    for step in result.steps[1:]:  # each read ran over the whole file: the attack ran
+        assert step.stdout_bytes == size, step
+        assert step.stdout.startswith("FIRST") and step.stdout.endswith("LAST"), step
+        assert step.truncated
+    assert spent < 1.0, spent  # read whole, 40 GB: seconds of the worker's CPU
