@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import os
 import re
 import resource
@@ -245,6 +246,25 @@ def find_exec_helper(configured: str) -> str | None:
     if os.access(beside, os.X_OK):
         return beside
     return shutil.which("sandfarm-exec")
+
+
+@functools.cache
+def statically_linked(path: str) -> bool:
+    """Whether the ELF file at ``path`` has no program interpreter (PT_INTERP): nothing of
+    the environment (LD_PRELOAD) loads into it. False for anything unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            header = fh.read(64)
+            if header[:5] != b"\x7fELF\x02" or header[5] != 1:  # 64-bit little-endian
+                return False
+            (phoff,) = struct.unpack_from("<Q", header, 32)
+            phentsize, phnum = struct.unpack_from("<HH", header, 54)
+            fh.seek(phoff)
+            table = fh.read(phentsize * phnum)
+    except OSError:
+        return False
+    types = (struct.unpack_from("<I", table, i * phentsize)[0] for i in range(phnum))
+    return len(table) == phentsize * phnum and 3 not in types  # 3: PT_INTERP
 
 
 @dataclass(frozen=True)

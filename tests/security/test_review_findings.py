@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_core import Status
+from sandbox_core import Status, parse_spec
 from sandbox_core.sweep import pids_of_uid, sweep_uid
 from tests.conftest import require
 from tests.security.helpers import NOBODY, wait_until
@@ -401,3 +401,68 @@ def test_a_leftover_killing_everything_cannot_break_the_next_step(run):
     first = result.steps[0]
     assert (first.status, first.signal, first.stdout) == ("crashed", 9, ""), result
     assert result.steps[1].stdout == "second\n"
+
+
+# Loaded into pid 1 (our init, /.sandfarm/init --init STATUS_FD), it writes a forged
+# status record ("exited 0") to the init's status pipe and sends the real one nowhere.
+FORGES_STATUS_C = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+__attribute__((constructor)) static void forge(void) {
+    if (getpid() != 1) return;
+    char buf[4096] = {0};
+    int fd = open("/proc/self/cmdline", O_RDONLY);
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    int status_fd = -1;
+    for (char *p = buf; p < buf + n; p += strlen(p) + 1)
+        if (strcmp(p, "--init") == 0) { status_fd = atoi(p + strlen(p) + 1); break; }
+    if (status_fd < 0) return;
+    dprintf(status_fd, "status=0 cpu_us=1 maxrss_kb=1\n");
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, status_fd);
+}
+"""
+
+
+def test_a_dynamic_exec_helper_is_never_bwraps_init(backend, tmp_path):
+    """A cold bwrap step's init gets the job's environment, so a dynamically linked
+    helper (the Makefile's fallback where -static fails) would load the job's LD_PRELOAD
+    into pid 1, which writes the step's status (an attack review: `exit 1` read as
+    `succeeded`). Only a static helper is the init; a dynamic one leaves it to tini or
+    bwrap's own."""
+    from tests.security.conftest import make_backend
+    from tests.security.helpers import backend_kind
+
+    if backend_kind(backend) != "bwrap":
+        pytest.skip("only bwrap runs the exec helper as the sandbox's pid 1")
+    require(shutil.which("cc") is not None, "no C compiler to build the helper and library")
+    native = Path(__file__).resolve().parents[2] / "sandbox_core" / "native"
+    dynamic = tmp_path / "sandfarm-exec-dynamic"
+    subprocess.run(["cc", "-O2", "-o", dynamic, native / "sandfarm-exec.c"], check=True)
+    source = tmp_path / "forge.c"
+    source.write_text(FORGES_STATUS_C)
+    library = tmp_path / "forge.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", library, source], check=True)
+    job = {
+        "files": {"forge.b64": base64.b64encode(library.read_bytes()).decode()},
+        "steps": [
+            {"kind": "bash", "command": "base64 -d forge.b64 > forge.so && echo built"},
+            {"kind": "bash", "command": 'echo "preloading $LD_PRELOAD"; exit 1'},
+        ],
+        "env": {"LD_PRELOAD": "/workspace/forge.so"},
+        "backend": "bwrap",
+    }
+    sandbox = make_backend("bwrap", exec_helper=str(dynamic), prewarm=False)
+    try:
+        assert not sandbox.own_init  # a dynamic helper is not the init
+        result = sandbox.run(parse_spec(job))
+    finally:
+        sandbox.close()
+    assert result.steps[0].stdout == "built\n", result  # the library is there ...
+    assert result.steps[1].stdout == "preloading /workspace/forge.so\n", result  # ... loaded
+    assert result.status == Status.FAILED and result.steps[1].exit_code == 1, result

@@ -33,7 +33,7 @@ from sandbox_core.backends.bwrap.host import (
     tini,
 )
 from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
-from sandbox_core.childsetup import ChildSetup, bytes_memfd, mount_devpts
+from sandbox_core.childsetup import ChildSetup, bytes_memfd, mount_devpts, statically_linked
 from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
 from sandbox_core.models import ExecStep, JobSpec
 from sandbox_core.runner import ExecOutcome, signal_from_init_status
@@ -85,8 +85,11 @@ class BwrapBackend(LocalBackend):
 
     @property
     def own_init(self) -> bool:
-        """Our init (sandfarm-exec --init) runs as pid 1 and reports real wait statuses."""
-        return self.exec_helper is not None and probe().as_pid_1
+        """Our init (sandfarm-exec --init) runs as pid 1 and reports real wait statuses:
+        only a static build, since a cold step's init gets the job's environment (an
+        attack review: a dynamic one loaded the job's LD_PRELOAD and forged its status)."""
+        helper = self.exec_helper
+        return helper is not None and statically_linked(helper) and probe().as_pid_1
 
     def protections(self) -> list[Protection]:
         found = probe()
@@ -147,7 +150,7 @@ class BwrapBackend(LocalBackend):
                 self.own_init,
                 "pid 1 is our init: the job's real wait status, never an exit code it chose"
                 if self.own_init
-                else "no exec helper or no --as-pid-1: exit 128+N reads as signal N",
+                else "no static exec helper or no --as-pid-1: exit 128+N reads as signal N",
             ),
             Protection(
                 "private_ptys",
