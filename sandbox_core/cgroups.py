@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandbox_core.cgroupfiles import OpenFiles, oom_file, parse_oom_kills
 from sandbox_core.cgroupmount import CGROUP_ROOT, cgroup2_mount, favor_dynmods, favors_dynmods
+from sandbox_core.memorybound import bound_farm_memory, farm_memory_limit, mem_total
 
 __all__ = [
     "CGROUP_ROOT",
@@ -24,8 +25,10 @@ __all__ = [
     "JobCgroup",
     "cgroup2_mount",
     "detect",
+    "farm_memory_limit",
     "favor_dynmods",
     "favors_dynmods",
+    "mem_total",
     "remove_stale",
 ]
 PARENT_NAME = "sandfarm"
@@ -45,6 +48,7 @@ class CgroupLayout:
     cpu: Path | None = None  # the CPU cap: v2 cpu.max, v1 cpu.cfs_quota_us
     cpu_v2: bool = False
     cpuacct: Path | None = None  # CPU time used: v2 cpu.stat, v1 cpuacct.usage
+    memory_bound: int | None = None  # bytes all jobs under ``memory`` may hold together
     problems: tuple[str, ...] = ()
 
     @property
@@ -96,10 +100,12 @@ def detect() -> CgroupLayout:
                 with contextlib.suppress(OSError):
                     (parent / "cgroup.subtree_control").write_text(f"+{ctrl}")
                     enabled.append(ctrl)
+        memory = parent if "memory" in enabled else None
         return CgroupLayout(
             kill_v2=parent,
-            memory=parent if "memory" in enabled else None,
+            memory=memory,
             memory_v2=True,
+            memory_bound=bound_farm_memory(memory, True, problems, farm_memory_limit()),
             pids=parent if "pids" in enabled else None,
             pids_v2=True,
             cpu=parent if "cpu" in enabled else None,
@@ -121,10 +127,12 @@ def detect() -> CgroupLayout:
             return None
         return _prepare(mount / own.get(ctrl, "/").lstrip("/"), problems)
 
+    memory = v1("memory")
     return CgroupLayout(
         kill_v2=kill_v2,
         freezer_v1=None if kill_v2 else v1("freezer"),
-        memory=v1("memory"),
+        memory=memory,
+        memory_bound=bound_farm_memory(memory, False, problems, farm_memory_limit()),
         pids=v1("pids"),
         cpu=v1("cpu"),
         cpuacct=v1("cpuacct"),

@@ -23,6 +23,13 @@ WORKSPACE_MB = (256, 8192)  # tmpfs size of the workspace where the backend can 
 CPUS = (1.0, 64.0)  # CPU time per wall second (cores) for all the job's processes together
 PTYS = (16, 256)  # pseudo-terminals the job may hold at once (its own devpts instance)
 
+# All of a worker's jobs together (its parent memory cgroup) may hold the host's RAM
+# less this reserve, kept for the worker, Redis and the OS: the maximums above are per
+# job, and jobs at them overcommit any host (tmpfs pages belong to no process, so a
+# host-wide OOM would kill a host service first). The larger of the two, at most half.
+FARM_MEMORY_RESERVE_BYTES = 2 * GIB
+FARM_MEMORY_RESERVE_SHARE = 0.10  # of MemTotal
+
 # Spec size caps: keep one job's spec and result small enough for Redis.
 MAX_STEPS = 128
 MAX_SOURCE_BYTES = 1 * MIB  # code / command / write_file content, each

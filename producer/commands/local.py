@@ -154,7 +154,7 @@ def doctor(as_json: bool, redis_url: str | None) -> None:
 
 def _farm_checks(redis_url: str) -> list[dict[str, object]]:
     """What the farm's own parts give: a Redis that asks for a password, and one whose
-    memory is bounded without eviction."""
+    memory is bounded without eviction; all jobs' memory bounded below the host's RAM."""
     from producer.protocol.connection import auth_problem, redact
 
     problem = auth_problem(redis_url)
@@ -162,7 +162,27 @@ def _farm_checks(redis_url: str) -> list[dict[str, object]]:
     return [
         {"name": "redis password", "active": problem is None, "detail": detail},
         *_server_checks(redis_url),
+        _jobs_memory_row(),
     ]
+
+
+def _jobs_memory_row() -> dict[str, object]:
+    """The limit of the parent memory cgroup of all jobs (cgroups.farm_memory_limit): each
+    job's memory_mb and workspace_mb fit the host, not all of them at once. As this
+    process's cgroup gets it: a worker's jobs nest under its own, bounded alike."""
+    from sandbox_core import cgroups
+
+    layout = cgroups.detect()
+    bound, total = layout.memory_bound, cgroups.mem_total() or 0
+    if bound is None:
+        why = "; ".join(layout.problems) or "no memory cgroup"
+        detail = f"jobs together may take all the host's RAM, a host-wide OOM: {why}"
+    else:
+        detail = (
+            f"jobs together at most {bound // 2**20} MiB of the host's {total // 2**20} MiB"
+            f" ({layout.memory}): an overcommitted farm OOMs in its own group"
+        )
+    return {"name": "jobs' memory bound", "active": bound is not None, "detail": detail}
 
 
 MEMORY_ROW = "redis maxmemory"
