@@ -429,17 +429,15 @@ __attribute__((constructor)) static void forge(void) {
 """
 
 
-def test_a_dynamic_exec_helper_is_never_bwraps_init(backend, tmp_path):
+def test_a_dynamic_exec_helper_is_never_bwraps_init(tmp_path):
     """A cold bwrap step's init gets the job's environment, so a dynamically linked
     helper (the Makefile's fallback where -static fails) would load the job's LD_PRELOAD
     into pid 1, which writes the step's status (an attack review: `exit 1` read as
     `succeeded`). Only a static helper is the init; a dynamic one leaves it to tini or
     bwrap's own."""
-    from tests.security.conftest import make_backend
-    from tests.security.helpers import backend_kind
+    from tests.security.conftest import bwrap_status, make_backend
 
-    if backend_kind(backend) != "bwrap":
-        pytest.skip("only bwrap runs the exec helper as the sandbox's pid 1")
+    require(*bwrap_status())  # only bwrap runs the exec helper as the sandbox's pid 1
     require(shutil.which("cc") is not None, "no C compiler to build the helper and library")
     native = Path(__file__).resolve().parents[2] / "sandbox_core" / "native"
     dynamic = tmp_path / "sandfarm-exec-dynamic"
