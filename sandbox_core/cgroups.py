@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from sandbox_core import defaults as d
 from sandbox_core.cgroupfiles import OpenFiles, oom_file, parse_oom_kills
 from sandbox_core.cgroupmount import CGROUP_ROOT, cgroup2_mount, favor_dynmods, favors_dynmods
 from sandbox_core.memorybound import bound_farm_memory, farm_memory_limit, mem_total
@@ -32,6 +33,7 @@ __all__ = [
     "remove_stale",
 ]
 PARENT_NAME = "sandfarm"
+TCP_LIMIT_V1 = "memory.kmem.tcp.limit_in_bytes"  # defaults.TCP_BUFFERS_BYTES
 CPU_PERIOD_US = 100_000  # the CFS period the CPU quota is a share of
 
 
@@ -202,6 +204,9 @@ class JobCgroup:
                 for file in reversed(files) if memory_bytes > current else files:
                     if (mem / file).exists():  # memsw exists only with swap accounting
                         (mem / file).write_text(str(memory_bytes))
+                tcp = mem / TCP_LIMIT_V1  # v1 charges socket buffers only under a limit
+                if tcp.exists():
+                    tcp.write_text(str(min(memory_bytes, d.TCP_BUFFERS_BYTES)))
         if layout.pids is not None:
             (layout.pids / name / "pids.max").write_text(str(pids_max))
         if layout.cpu is not None:

@@ -30,6 +30,13 @@ PTYS = (16, 256)  # pseudo-terminals the job may hold at once (its own devpts in
 FARM_MEMORY_RESERVE_BYTES = 2 * GIB
 FARM_MEMORY_RESERVE_SHARE = 0.10  # of MemTotal
 
+# A job's TCP socket buffers, at most (and never above its memory limit): cgroup v1
+# leaves them out of the memory limit, and the kernel's tcp_mem is one pool for every
+# socket on the host, so a job that filled it stalled the workers' Redis traffic (an
+# attack review). Several loopback connections' full buffers (cgroup v2 charges them to
+# the memory limit instead).
+TCP_BUFFERS_BYTES = 64 * MIB
+
 # Spec size caps: keep one job's spec and result small enough for Redis.
 MAX_STEPS = 128
 MAX_SOURCE_BYTES = 1 * MIB  # code / command / write_file content, each

@@ -9,8 +9,9 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandbox_core import defaults as d
 from sandbox_core.cgroupfiles import oom_file, read_oom_kills
-from sandbox_core.cgroups import CGROUP_ROOT
+from sandbox_core.cgroups import CGROUP_ROOT, TCP_LIMIT_V1
 
 
 class ContainerCgroup:
@@ -45,6 +46,16 @@ class ContainerCgroup:
                     if key == "usage_usec":
                         return int(value) * 1000
         return 0
+
+    def bound_tcp_buffers(self, memory_bytes: int) -> None:
+        """Cgroup v1 leaves socket buffers out of the container's memory limit until a TCP
+        limit is set (defaults.TCP_BUFFERS_BYTES); v2 charges them to it already."""
+        path = CGROUP_ROOT / "memory" / "docker" / self.id / TCP_LIMIT_V1
+        if not path.exists():  # the systemd driver's place, or none (v2)
+            path = CGROUP_ROOT / "memory" / "system.slice" / f"docker-{self.id}.scope"
+            path = path / TCP_LIMIT_V1
+        if path.exists():
+            path.write_text(str(min(memory_bytes, d.TCP_BUFFERS_BYTES)))
 
     def oom_kills(self) -> int:
         """The container's memory cgroup OOM-kill count."""

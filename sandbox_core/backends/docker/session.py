@@ -76,6 +76,7 @@ class DockerSession(Session):
         self.uid = uid  # the slot's: the job's processes, and the farm's helpers
         self.api: Any = backend.client.api
         self.cgroup = ContainerCgroup(container_id)
+        self.cgroup.bound_tcp_buffers(spec.limits.memory_mb * d.MIB)  # before any job process
         self.files = FileTransfer(self._helper, uid)
         self.dead = False
         self.dirty = False  # a job process may be alive: sweep before touching files
