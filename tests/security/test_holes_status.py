@@ -48,3 +48,35 @@ def test_printing_memory_error_is_not_memory_exceeded(run):
     )
     assert real.status == Status.MEMORY_EXCEEDED, real
     assert "ALLOC" not in real.steps[0].stdout
+
+
+def test_another_processs_exit_under_the_execs_pid_is_not_its_status():
+    """Docker: the kernel's word on an exec's end is the exit the proc connector heard for
+    its host pid. A pid is reused, and a job forking fast cycles the host's pid space in
+    seconds: another container's process given the pid after the exec's exit overwrote
+    its entry (an attack review). Here the watcher is made to answer with such a
+    process's `exit 0` for a step that ran `exit 1`: it must not read succeeded (the
+    engine's own code disagrees, so the kernel's entry is not the exec's)."""
+    from tests.conftest import require
+    from tests.security.conftest import docker_status, make_backend
+
+    require(*docker_status())
+    sandbox = make_backend("docker", warm_pool=0)
+    asked: list[int] = []
+    real = sandbox.exits.status
+
+    def overwritten(pid: int, since_ns: int, wait_s: float = 0.5) -> int | None:
+        real(pid, since_ns, wait_s)  # the exec's own exit, heard ...
+        asked.append(pid)
+        return 0  # ... and replaced by another process's exit 0 under the same pid
+
+    sandbox.exits.status = overwritten
+    try:
+        from sandbox_core import parse_spec
+
+        result = sandbox.run(parse_spec({"command": "exit 1"}))
+    finally:
+        sandbox.close()
+    assert asked, "the watcher was never asked: the attack did not run"
+    step = _one(result)
+    assert (step.status, step.exit_code) == ("failed", 1), step

@@ -121,6 +121,8 @@ class DockerSession(Session):
         info = None if self.dead else self._inspect(exec_id)
         code = info.get("ExitCode") if info else None
         status = self._kernel_status(info, started_ns)
+        if status is not None and isinstance(code, int) and code != _engine_code(status):
+            status = None  # another process's, given the exec's pid since (an attack review)
         if status is not None:  # the kernel's word: exit(137) is not SIGKILL
             if os.WIFSIGNALED(status):
                 out.signal = os.WTERMSIG(status)
@@ -343,3 +345,8 @@ class DockerSession(Session):
                 self.kill()  # no host view of its processes: kill it whole
         self.dead = True
         self.backend.remove_later(self.id)
+
+
+def _engine_code(status: int) -> int:
+    """The exit code the engine reports for a raw wait status: a signal N as 128+N."""
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
