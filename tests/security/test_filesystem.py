@@ -107,3 +107,24 @@ def test_stdin_reaches_the_step(run):
         ]
     )
     assert result.steps[0].stdout == "cba\n", result
+
+
+LONG_LISTING = """
+import os
+d = "D" * 240
+os.mkdir(d)
+for i in range(11_000):  # ~5 MB of names: past docker's 4 MiB workspace listing
+    open(os.path.join(d, f"{i:06d}" + "n" * 224), "w").close()
+print("made")
+"""
+
+
+def test_a_long_workspace_listing_does_not_break_collect(run):
+    """A listing of the workspace cut at its budget ended mid-name on docker, and that
+    partial path failed the whole collect: no file, and `files_omitted` 0 (an attack
+    review). The files the listing holds are still collected."""
+    result = run(code=LONG_LISTING, collect=["D*/*"], limits={"timeout_s": 120})
+    assert result.status == Status.SUCCEEDED and result.steps[0].stdout == "made\n", result
+    assert "collecting files failed" not in (result.message or ""), result.message
+    assert result.files, result  # collected up to the bound ...
+    assert len(result.files) + result.files_omitted >= 64, result.files_omitted  # ... counted

@@ -92,7 +92,9 @@ class FileTransfer:
         """Regular files of the workspace -> size; NUL-separated, so any name survives."""
         raw = self._run(["find", ".", "-type", "f", "-printf", "%s\\t%P\\0"], None, 4 * d.MIB)
         files: dict[str, int] = {}
-        for record in raw.split(b"\0")[:MAX_LISTED_FILES]:
+        # every whole record ends in a NUL: what follows the last is a listing cut at its
+        # budget mid-name (an attack review: that partial path failed the whole collect)
+        for record in raw.split(b"\0")[:-1][:MAX_LISTED_FILES]:
             size, _, name = record.partition(b"\t")
             if name and size.isdigit():
                 files[name.decode("utf-8", "surrogateescape")] = int(size)
