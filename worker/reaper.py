@@ -96,7 +96,7 @@ def worker_judge(client: redis.Redis | None, settings: Settings) -> WorkerAlive 
     return alive
 
 
-def reap_containers(judge: WorkerAlive | None = None) -> int:
+def reap_containers(judge: WorkerAlive | None = None, workspace_dir: Path | None = None) -> int:
     """Remove sandbox containers whose owner is known to be dead: a process of this pid
     namespace that is gone, or (with ``judge``) a worker whose heartbeat stopped.
 
@@ -115,8 +115,9 @@ def reap_containers(judge: WorkerAlive | None = None) -> int:
     if client is None:
         return 0
     from sandbox_core.backends.docker import reap_orphans
+    from sandbox_core.backends.docker.containers import pts_base
 
-    return reap_orphans(client, judge)
+    return reap_orphans(client, judge, pts_base(workspace_dir))
 
 
 # The heartbeat, when a full Redis refuses it: one worker's entry, rewritten in place
@@ -205,7 +206,7 @@ def _loop(
                 FarmScripts(client, settings).dispatch()
         try:
             sweep_free(settings.workspace_dir)
-            reap_containers(worker_judge(client, settings))
+            reap_containers(worker_judge(client, settings), settings.workspace_dir)
         except Exception as exc:  # never let the reaper die of one bad slot
             print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
         if orphaned_at is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -156,3 +157,45 @@ def test_a_reaper_in_another_pid_namespace_spares_live_owners(is_root):
         for container in (alive, dead):
             with contextlib.suppress(Exception):  # already gone
                 client.api.remove_container(container, force=True)
+
+
+MAKES_DEVPTS_AND_DIES = """
+import os, sys
+from pathlib import Path
+from sandbox_core.backends.docker.containers import _devpts
+print(_devpts(Path(sys.argv[1]), 16), flush=True)
+os._exit(0)  # dies before its container would have named it (a label)
+"""
+
+
+@pytest.mark.no_backend  # mounts devpts instances by hand; its own control below
+def test_a_devpts_whose_maker_died_before_its_container_is_unmounted(is_root, tmp_path):
+    """A container's devpts instance is mounted on the host before the container is made,
+    and only the container's label names it: a worker killed in between left the mount
+    for ever (an attack review). The reaper unmounts one whose maker is dead and that
+    no container names, and never one whose maker lives."""
+    from sandbox_core.backends.docker.containers import _devpts, _remove_devpts
+
+    ok, reason = docker_status()
+    require(ok, reason)
+    require(is_root, "mounting devpts needs root")
+    base = tmp_path / "docker-pts"
+    made = subprocess.run(
+        [sys.executable, "-c", MAKES_DEVPTS_AND_DIES, str(base)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    orphan = Path(made.stdout.strip())
+    live = _devpts(base, 16)  # the control: its maker (this process) is alive
+    assert live is not None
+    try:
+        assert orphan.parent == base and os.path.ismount(orphan), made  # left mounted
+        reap_orphans(_client(), pts_dir=base)
+        assert not os.path.ismount(orphan) and not orphan.exists()
+        assert os.path.ismount(live)  # the live maker's is left alone
+    finally:
+        _remove_devpts(live)
+        if os.path.ismount(orphan):
+            _remove_devpts(orphan)

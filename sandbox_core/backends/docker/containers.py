@@ -174,7 +174,9 @@ def _devpts(base: Path, max_ptys: int) -> Path | None:
     if os.geteuid() != 0:
         return None
     base.mkdir(mode=0o711, parents=True, exist_ok=True)
-    path = base / f"pts-{secrets.token_hex(8)}"
+    # its owner in its name: one that died before its container named it (a label) is
+    # found by that (reap_orphans)
+    path = base / f"pts-{os.getpid()}-{_start_time(os.getpid())}-{secrets.token_hex(8)}"
     path.mkdir(mode=0o755)
     try:
         mount_devpts(str(path), max_ptys)
@@ -242,13 +244,32 @@ def owner_alive(labels: dict[str, str], worker_alive: WorkerAlive | None = None)
     return None
 
 
-def reap_orphans(client: Any, worker_alive: WorkerAlive | None = None) -> int:
+def reap_orphans(
+    client: Any, worker_alive: WorkerAlive | None = None, pts_dir: Path | None = None
+) -> int:
     """Remove the farm's containers whose owner is known to be dead (never one whose
     owner this process cannot judge); returns how many. ``worker_alive``: a judge of
-    farm workers by their heartbeats, for containers a worker owns."""
-    removed = 0
+    farm workers by their heartbeats, for containers a worker owns. ``pts_dir``: also
+    unmount the devpts instances there that no container names and whose maker died."""
+    removed, named = 0, set()
     for info in client.api.containers(all=True, filters={"label": [f"{LABEL}=1"]}):
-        if owner_alive(info.get("Labels") or {}, worker_alive) is False:
+        labels = info.get("Labels") or {}
+        if owner_alive(labels, worker_alive) is False:
             remove_container(client, info["Id"])
             removed += 1
+        else:
+            named.add(labels.get(PTS_LABEL, ""))
+    if pts_dir is not None and pts_dir.is_dir():
+        for path in pts_dir.glob("pts-*"):
+            if str(path) not in named and _maker_dead(path.name):
+                _remove_devpts(path)
     return removed
+
+
+def _maker_dead(name: str) -> bool:
+    """Whether the process that made devpts directory ``name`` (pts-PID-START-TOKEN) is
+    gone; False for a name of another form (it cannot be judged)."""
+    parts = name.split("-")
+    if len(parts) != 4 or not parts[1].isdigit():
+        return False
+    return _start_time(int(parts[1])) != parts[2]
