@@ -248,10 +248,19 @@ def find_exec_helper(configured: str) -> str | None:
     return shutil.which("sandfarm-exec")
 
 
-@functools.cache
 def statically_linked(path: str) -> bool:
     """Whether the ELF file at ``path`` has no program interpreter (PT_INTERP): nothing of
-    the environment (LD_PRELOAD) loads into it. False for anything unreadable."""
+    the environment (LD_PRELOAD) loads into it. False for anything unreadable. Judged
+    again when the file changes (a helper rebuilt under a running worker)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return _statically_linked(path, info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+@functools.cache
+def _statically_linked(path: str, *_identity: int) -> bool:
     try:
         with open(path, "rb") as fh:
             header = fh.read(64)

@@ -43,8 +43,9 @@ def bound_farm_memory(
 ) -> int | None:
     """Limit the farm's parent memory group to ``limit`` (farm_memory_limit()), so jobs
     that together overcommit the host (their memory, their tmpfs files, which no process
-    owns) are OOM-killed inside it, never a host service. Written only when it differs: every
-    process of a worker calls detect(). Returns the limit in force (None: none)."""
+    owns) are OOM-killed inside it, never a host service. Written only when there is none or a
+    higher one (every process of a worker calls detect(); a lower one is the operator's).
+    Returns the limit in force (None: none)."""
     if parent is None:
         return None
     path = parent / ("memory.max" if v2 else "memory.limit_in_bytes")
@@ -53,7 +54,7 @@ def bound_farm_memory(
         current = _read_limit(path)
         if limit is None:
             problems.append("no MemTotal in /proc/meminfo: jobs together are not bounded")
-        elif current != limit:
+        elif current is None or current > limit:  # an operator's lower limit stands
             path.write_text(str(limit))
             current = limit
     except (OSError, ValueError) as exc:  # the worker runs on; doctor shows it

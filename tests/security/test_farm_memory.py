@@ -161,6 +161,8 @@ def test_the_bound_is_written_once_and_a_refusal_is_reported(
     monkeypatch.setattr(Path, "write_text", lambda path, *_a, **_k: writes.append(path))
     assert bound_farm_memory(tmp_path, v2, problems, 300 * d.MIB) == 300 * d.MIB
     assert writes == []  # the same limit is not written again (every process calls detect)
+    assert bound_farm_memory(tmp_path, v2, problems, 400 * d.MIB) == 300 * d.MIB
+    assert writes == []  # nor over a lower one (an operator's: a review found it raised)
     # a write the kernel refuses (v1: EBUSY below the usage): the worker goes on with the
     # limit in force, and doctor says why
     monkeypatch.setattr(Path, "write_text", _refused)

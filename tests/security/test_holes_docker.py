@@ -175,6 +175,7 @@ def test_a_devpts_whose_maker_died_before_its_container_is_unmounted(is_root, tm
     for ever (an attack review). The reaper unmounts one whose maker is dead and that
     no container names, and never one whose maker lives."""
     from sandbox_core.backends.docker.containers import _devpts, _remove_devpts
+    from sandbox_core.childsetup import mount_devpts
 
     ok, reason = docker_status()
     require(ok, reason)
@@ -190,12 +191,17 @@ def test_a_devpts_whose_maker_died_before_its_container_is_unmounted(is_root, tm
     orphan = Path(made.stdout.strip())
     live = _devpts(base, 16)  # the control: its maker (this process) is alive
     assert live is not None
+    # ... and one whose maker's pid means nothing here (another pid namespace's)
+    foreign = base / orphan.name.replace("pts-", "pts-1", 1)
+    foreign.mkdir()
+    mount_devpts(str(foreign), 16)
     try:
         assert orphan.parent == base and os.path.ismount(orphan), made  # left mounted
         reap_orphans(_client(), pts_dir=base)
         assert not os.path.ismount(orphan) and not orphan.exists()
         assert os.path.ismount(live)  # the live maker's is left alone
+        assert os.path.ismount(foreign)  # and the one it cannot judge (a review found it)
     finally:
-        _remove_devpts(live)
-        if os.path.ismount(orphan):
-            _remove_devpts(orphan)
+        for path in (live, orphan, foreign):
+            if os.path.ismount(path):
+                _remove_devpts(path)

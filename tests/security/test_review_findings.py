@@ -455,6 +455,14 @@ def test_a_dynamic_exec_helper_is_never_bwraps_init(tmp_path):
         "env": {"LD_PRELOAD": "/workspace/forge.so"},
         "backend": "bwrap",
     }
+    # judged again when the file changes: a helper rebuilt under a running worker
+    from sandbox_core.childsetup import statically_linked
+
+    static = tmp_path / "sandfarm-exec-rebuilt"
+    subprocess.run(["cc", "-O2", "-static", "-o", static, native / "sandfarm-exec.c"], check=True)
+    assert statically_linked(str(static))
+    shutil.copyfile(dynamic, static)
+    assert not statically_linked(str(static))
     sandbox = make_backend("bwrap", exec_helper=str(dynamic), prewarm=False)
     try:
         assert not sandbox.own_init  # a dynamic helper is not the init

@@ -176,7 +176,8 @@ def _devpts(base: Path, max_ptys: int) -> Path | None:
     base.mkdir(mode=0o711, parents=True, exist_ok=True)
     # its owner in its name: one that died before its container named it (a label) is
     # found by that (reap_orphans)
-    path = base / f"pts-{os.getpid()}-{_start_time(os.getpid())}-{secrets.token_hex(8)}"
+    maker = f"{_pidns_inode()}-{os.getpid()}-{_start_time(os.getpid())}"
+    path = base / f"pts-{maker}-{secrets.token_hex(8)}"
     path.mkdir(mode=0o755)
     try:
         mount_devpts(str(path), max_ptys)
@@ -267,9 +268,15 @@ def reap_orphans(
 
 
 def _maker_dead(name: str) -> bool:
-    """Whether the process that made devpts directory ``name`` (pts-PID-START-TOKEN) is
-    gone; False for a name of another form (it cannot be judged)."""
+    """Whether the process that made devpts directory ``name`` (pts-PIDNS-PID-START-TOKEN)
+    is gone; False where this process cannot judge: a maker of another pid namespace (its
+    pid means nothing here), or a name of another form."""
     parts = name.split("-")
-    if len(parts) != 4 or not parts[1].isdigit():
+    if len(parts) != 5 or parts[1] != _pidns_inode() or not parts[2].isdigit():
         return False
-    return _start_time(int(parts[1])) != parts[2]
+    return _start_time(int(parts[2])) != parts[3]
+
+
+def _pidns_inode() -> str:
+    """This process's pid namespace, as a name part: pid:[4026531836] -> 4026531836."""
+    return _pidns().removeprefix("pid:[").removesuffix("]") or "0"
