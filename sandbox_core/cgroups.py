@@ -33,7 +33,7 @@ __all__ = [
     "remove_stale",
 ]
 PARENT_NAME = "sandfarm"
-TCP_LIMIT_V1 = "memory.kmem.tcp.limit_in_bytes"  # defaults.TCP_BUFFERS_BYTES
+TCP_LIMIT_V1 = "memory.kmem.tcp.limit_in_bytes"  # v1 charges socket buffers only under one
 CPU_PERIOD_US = 100_000  # the CFS period the CPU quota is a share of
 
 
@@ -83,6 +83,11 @@ def _prepare(base: Path, problems: list[str]) -> Path | None:
     except OSError as exc:
         problems.append(f"{parent}: {exc.strerror}")
         return None
+
+
+def tcp_buffers_limit(memory_bytes: int) -> int:
+    """A job's TCP socket buffers at most, for cgroup v1 (defaults.TCP_BUFFERS_BYTES)."""
+    return min(memory_bytes, d.TCP_BUFFERS_BYTES)
 
 
 @cache
@@ -204,9 +209,9 @@ class JobCgroup:
                 for file in reversed(files) if memory_bytes > current else files:
                     if (mem / file).exists():  # memsw exists only with swap accounting
                         (mem / file).write_text(str(memory_bytes))
-                tcp = mem / TCP_LIMIT_V1  # v1 charges socket buffers only under a limit
+                tcp = mem / TCP_LIMIT_V1
                 if tcp.exists():
-                    tcp.write_text(str(min(memory_bytes, d.TCP_BUFFERS_BYTES)))
+                    tcp.write_text(str(tcp_buffers_limit(memory_bytes)))
         if layout.pids is not None:
             (layout.pids / name / "pids.max").write_text(str(pids_max))
         if layout.cpu is not None:

@@ -43,7 +43,7 @@ def bound_farm_memory(
 ) -> int | None:
     """Limit the farm's parent memory group to ``limit`` (farm_memory_limit()), so jobs
     that together overcommit the host (their memory, their tmpfs files, which no process
-    owns) are OOM-killed inside it, never a host service. Written only when there is none or a
+    owns) are OOM-killed inside it, never a host service. Written only over none or a
     higher one (every process of a worker calls detect(); a lower one is the operator's).
     Returns the limit in force (None: none)."""
     if parent is None:

@@ -73,9 +73,10 @@ def _reason(err: Any, root: type[BaseModel]) -> str:
     kind, loc = err["type"], err["loc"]
     if kind == "extra_forbidden":
         name = str(loc[-1])
-        known = _known_fields(loc[:-1], root)
+        parent = _model_at(root, loc[:-1])
+        known = [] if parent is None else [f for f in parent.model_fields if f != "kind"]
         near = difflib.get_close_matches(name, known, n=1)
-        if not near and _model_at(root, loc[:-1]) is JobSpec:  # a limit at a job's top
+        if not near and parent is JobSpec:  # a limit given at a job's top: "timeout"
             limits = {f: f"limits.{f}" for f in Limits.model_fields}
             near = [limits[m] for m in difflib.get_close_matches(name, list(limits), n=1)]
         hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(known)}"
@@ -91,13 +92,6 @@ def _reason(err: Any, root: type[BaseModel]) -> str:
     if len(value) > 60:
         value = value[:57] + "..."
     return f"{message} (got {value})" if kind != "missing" else message.lower()
-
-
-def _known_fields(parent: tuple[int | str, ...], root: type[BaseModel]) -> list[str]:
-    """Field names valid where an unknown one was found (none if ``parent`` leads to no
-    model of ``root``'s)."""
-    model = _model_at(root, parent)
-    return [] if model is None else [name for name in model.model_fields if name != "kind"]
 
 
 def _model_at(root: type[BaseModel], path: tuple[int | str, ...]) -> type[BaseModel] | None:

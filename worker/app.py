@@ -144,15 +144,11 @@ def _on_worker_shutdown(**_: object) -> None:
 _stopping = mmap.mmap(-1, 1)
 
 
-@signals.worker_shutting_down.connect
-def _on_shutting_down(**_: object) -> None:
-    _stopping[0] = 1  # a signal (SIGTERM, SIGINT, SIGQUIT): before anything stops
-
-
 class StopChains(bootsteps.StartStopStep):
-    """Every other way a worker stops (`celery control shutdown` raises WorkerShutdown,
-    which sends no worker_shutting_down): the worker's blueprint closes every step before
-    it stops the first, so this runs before the pool waits for its tasks."""
+    """Every way a warm shutdown starts (a signal, or `celery control shutdown`, which
+    raises WorkerShutdown and sends no worker_shutting_down) ends in the worker's
+    blueprint closing every step before it stops the first: this runs before the pool
+    waits for its tasks."""
 
     def close(self, parent: object) -> None:
         _stopping[0] = 1

@@ -9,9 +9,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox_core import defaults as d
 from sandbox_core.cgroupfiles import oom_file, read_oom_kills
-from sandbox_core.cgroups import CGROUP_ROOT, TCP_LIMIT_V1
+from sandbox_core.cgroups import CGROUP_ROOT, TCP_LIMIT_V1, tcp_buffers_limit
 
 
 class ContainerCgroup:
@@ -50,12 +49,10 @@ class ContainerCgroup:
     def bound_tcp_buffers(self, memory_bytes: int) -> None:
         """Cgroup v1 leaves socket buffers out of the container's memory limit until a TCP
         limit is set (defaults.TCP_BUFFERS_BYTES); v2 charges them to it already."""
-        path = CGROUP_ROOT / "memory" / "docker" / self.id / TCP_LIMIT_V1
-        if not path.exists():  # the systemd driver's place, or none (v2)
-            path = CGROUP_ROOT / "memory" / "system.slice" / f"docker-{self.id}.scope"
-            path = path / TCP_LIMIT_V1
-        if path.exists():
-            path.write_text(str(min(memory_bytes, d.TCP_BUFFERS_BYTES)))
+        for path in self._files("memory", TCP_LIMIT_V1, TCP_LIMIT_V1):  # none on v2
+            if path.exists():
+                path.write_text(str(tcp_buffers_limit(memory_bytes)))
+                return
 
     def oom_kills(self) -> int:
         """The container's memory cgroup OOM-kill count."""
