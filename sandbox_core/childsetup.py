@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from sandbox_core import seccomp
 from sandbox_core.defaults import EXEC_HELPER_AUTO, MIB
+from sandbox_core.loopback import configure_loopback
 from sandbox_core.models import Limits
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -159,10 +160,11 @@ def join_network_namespace(fd: int) -> None:
 
 
 def new_network_namespace() -> int:
-    """A new network namespace with only loopback up, kept alive by the returned fd
-    (root only). One per session: a namespace outlives its processes' sockets (TIME_WAIT
-    for ~60 s, loopback's and TCP's counters, /proc/net's tables), so a job's next one
-    in a slot must not share it (SECURITY.md, "the slot's loopback").
+    """A new network namespace with only loopback up (``loopback.configure_loopback``),
+    kept alive by the returned fd (root only). One per session: a namespace outlives its
+    processes' sockets (TIME_WAIT for ~60 s, loopback's and TCP's counters, /proc/net's
+    tables), so a job's next one in a slot must not share it (SECURITY.md, "the slot's
+    loopback").
 
     Made by a thread of its own that ends at once: unshare(CLONE_NEWNET) moves only the
     calling thread, so no other thread of ours and no process is ever in it (a forked
@@ -174,7 +176,7 @@ def new_network_namespace() -> int:
     def make() -> None:
         try:
             unshare(CLONE_NEWNET)
-            loopback_up()
+            configure_loopback()  # up, with small packets (why: loopback.py)
             made.append(os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
         except BaseException as exc:  # raised in the caller's thread below
             failed.append(exc)

@@ -25,12 +25,12 @@ import fcntl, os, signal, sys
 from sandbox_core import childsetup
 lock = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
 fcntl.flock(lock, fcntl.LOCK_EX)
-real_up = childsetup.loopback_up
+real_up = childsetup.configure_loopback
 def up():
     real_up()
     print("namespace up", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
-childsetup.loopback_up = up
+childsetup.configure_loopback = up
 childsetup.new_network_namespace()
 """
 

@@ -32,6 +32,7 @@ from sandbox_core.backends.docker.launcher import arm
 from sandbox_core.backends.docker.pool import Remover, WarmContainer, WarmPool
 from sandbox_core.backends.docker.session import DockerSession
 from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
+from sandbox_core.loopback import configure_loopback_of
 from sandbox_core.models import JobSpec, Limits
 from sandbox_core.procevents import ExitWatcher
 from sandbox_core.seccomp import docker_profile
@@ -171,10 +172,19 @@ class DockerBackend(Backend):
         labels = {**self.labels, "sandfarm.job": job_id or "-"}
         base = pts_base(self.config.workspace_dir)
         try:
-            return create_container(self.client, self.config, profile, uid, labels, base)
+            container_id = create_container(self.client, self.config, profile, uid, labels, base)
         except Exception:
             self._probe = None  # the engine changed under us (image, runtime): ask again
             raise
+        if self.config.runtime == "runc":  # runsc's jobs are on gVisor's own network stack
+            try:  # before any job process: small packets on its loopback (loopback.py)
+                configure_loopback_of(
+                    self.client.api.inspect_container(container_id)["State"]["Pid"]
+                )
+            except BaseException:
+                self.remove_later(container_id)
+                raise
+        return container_id
 
     def _remove(self, container_id: str) -> None:
         remove_container(self.client, container_id)
