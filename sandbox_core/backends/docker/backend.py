@@ -28,6 +28,7 @@ from sandbox_core.backends.docker.containers import (
     reap_orphans,
     remove_container,
 )
+from sandbox_core.backends.docker.jobnetwork import job_network
 from sandbox_core.backends.docker.launcher import arm
 from sandbox_core.backends.docker.pool import Remover, WarmContainer, WarmPool
 from sandbox_core.backends.docker.session import DockerSession
@@ -165,6 +166,8 @@ class DockerBackend(Backend):
                 "image", f"{image!r} is not in the allowed images {list(self.allowed_images)}"
             )
         self.client  # noqa: B018 - raises BackendUnavailableError when no engine answers
+        if spec.limits.network:  # refused where its bridge's isolation cannot be had
+            job_network(self.client)
 
     # --- containers -----------------------------------------------------------------
 

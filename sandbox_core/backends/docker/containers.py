@@ -1,9 +1,9 @@
 """Containers of the Docker backend: what each is created with, who owns it, removal.
 
-A container is read-only, has no network (unless the job may use it), no capabilities,
-no new privileges, the farm's seccomp allowlist (sandbox_core.seccomp), an init reaping
-zombies, pids/memory/CPU caps, and a devpts instance of its own bounded by the job's
-``ptys``. A keeper process (KEEPER_UID) holds it open; each step is a `docker exec` as
+A container is read-only, has no network (unless the job may use it: jobnetwork.py), no
+capabilities, no new privileges, the farm's seccomp allowlist (sandbox_core.seccomp), an
+init reaping zombies, pids/memory/CPU caps, and a devpts instance of its own bounded by
+the job's ``ptys``. A keeper process (KEEPER_UID) holds it open; each step is a `docker exec` as
 the slot's uid in the Docker range (a warm container's first step: the exec armed ahead,
 launcher.py), which is no host account, shared with no host job or other concurrent
 job, and cannot signal the keeper.
@@ -24,6 +24,7 @@ from typing import Any
 from sandbox_core import defaults as d
 from sandbox_core import slots
 from sandbox_core.backends.config import DockerConfig
+from sandbox_core.backends.docker import jobnetwork
 from sandbox_core.childsetup import mount_devpts
 from sandbox_core.models import Limits
 from sandbox_core.seccomp import docker_profile
@@ -145,7 +146,7 @@ def create_container(
                 "/tmp": "rw,nosuid,nodev,exec,size=64m,mode=1777",
             },
             mounts=[] if pts is None else [Mount("/dev/pts", str(pts), type="bind")],
-            network_mode="bridge" if profile.network else "none",
+            network_mode=jobnetwork.NAME if profile.network else "none",  # see jobnetwork
             cap_drop=["ALL"],
             security_opt=["no-new-privileges", f"seccomp={docker_profile()}"],
             mem_limit=profile.memory_mb * mib,
