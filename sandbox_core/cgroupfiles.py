@@ -10,8 +10,8 @@ are the worker's: close-on-exec, and a job's process is started with ``close_fds
 
 Only files the kernel renders afresh on every read belong here: a cgroup v1
 ``cgroup.procs`` keeps the pid list of an open file for a second after its last read
-(``JobCgroup.empty`` opens those anew). Below: the OOM counter's file and format, which
-the docker backend's host cgroup reads too.
+(``JobCgroup.empty`` opens those anew). Below: the OOM counter's file and format (the
+docker backend's host cgroup reads it too), the memory peak's file, v1's freezer kill.
 """
 
 from __future__ import annotations
@@ -88,3 +88,20 @@ def parse_oom_kills(text: str) -> int:
             if key == "oom_kill":
                 return int(value)
     return 0
+
+
+def peak_file(v2: bool) -> str:
+    """The file of a memory cgroup holding the most it has used (a write resets it)."""
+    return "memory.peak" if v2 else "memory.max_usage_in_bytes"
+
+
+def freeze_and_kill(path: Path) -> None:
+    """SIGKILL every process of a cgroup v1 freezer group: frozen tasks cannot fork, so
+    one pass over cgroup.procs reaches them all."""
+    state = path / "freezer.state"
+    with contextlib.suppress(OSError):
+        state.write_text("FROZEN")
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
+        state.write_text("THAWED")  # SIGKILL is delivered once thawed

@@ -16,7 +16,13 @@ from functools import cache
 from pathlib import Path
 
 from sandbox_core import defaults as d
-from sandbox_core.cgroupfiles import OpenFiles, oom_file, parse_oom_kills
+from sandbox_core.cgroupfiles import (
+    OpenFiles,
+    freeze_and_kill,
+    oom_file,
+    parse_oom_kills,
+    peak_file,
+)
 from sandbox_core.cgroupmount import CGROUP_ROOT, cgroup2_mount, favor_dynmods, favors_dynmods
 from sandbox_core.memorybound import bound_farm_memory, farm_memory_limit, mem_total
 
@@ -212,6 +218,8 @@ class JobCgroup:
                 tcp = mem / TCP_LIMIT_V1
                 if tcp.exists():
                     tcp.write_text(str(tcp_buffers_limit(memory_bytes)))
+            with contextlib.suppress(OSError):  # a peak under other limits says nothing
+                (mem / peak_file(layout.memory_v2)).write_text("0")
         if layout.pids is not None:
             (layout.pids / name / "pids.max").write_text(str(pids_max))
         if layout.cpu is not None:
@@ -225,7 +233,7 @@ class JobCgroup:
         self._limits = (memory_bytes, pids_max, cpus)
 
     def _path(self, what: str) -> Path | None:
-        """The file of this group named by ``what`` ("cpu", "oom", "kill"), or None."""
+        """The file of this group named by ``what`` ("cpu", "oom", "peak", "kill"), or None."""
         if what not in self._paths:
             layout, found = self.layout, None
             if what == "cpu" and layout.cpuacct is not None:
@@ -233,6 +241,8 @@ class JobCgroup:
                 found = layout.cpuacct / self.name / name
             elif what == "oom" and layout.memory is not None:
                 found = layout.memory / self.name / oom_file(layout.memory_v2)
+            elif what == "peak" and layout.memory is not None:
+                found = layout.memory / self.name / peak_file(layout.memory_v2)
             elif what == "kill" and layout.kill_v2 is not None:
                 found = layout.kill_v2 / self.name / "cgroup.kill"
             self._paths[what] = found
@@ -307,7 +317,7 @@ class JobCgroup:
                 with contextlib.suppress(OSError):
                     self.files.write(kill_file, b"1")
             elif layout.freezer_v1 is not None:
-                self._freeze_and_kill(layout.freezer_v1 / self.name)
+                freeze_and_kill(layout.freezer_v1 / self.name)
             else:
                 for pid in self.pids():
                     with contextlib.suppress(ProcessLookupError):
@@ -328,17 +338,6 @@ class JobCgroup:
         own = self._paths["kill_dirs"]
         return [own] if own is not None else None
 
-    @staticmethod
-    def _freeze_and_kill(path: Path) -> None:
-        # Frozen tasks cannot fork, so one pass over cgroup.procs reaches them all.
-        state = path / "freezer.state"
-        with contextlib.suppress(OSError):
-            state.write_text("FROZEN")
-            for pid in (path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), 9)
-            state.write_text("THAWED")  # SIGKILL is delivered once thawed
-
     def oom_kills(self) -> int:
         """How many processes of this group the kernel's OOM killer has killed so far."""
         path = self._path("oom")
@@ -354,6 +353,19 @@ class JobCgroup:
         step, which the group's kill ended; only the next sandbox's helper ran since),
         else read now."""
         return self._oom_seen if self._oom_seen is not None else self.oom_kills()
+
+    def reached_own_limit(self) -> bool:
+        """After an OOM kill: did this group's memory peak at its own limit (since the
+        last ask, or its limits)? If not, a parent's bound killed it: the farm's. Unknown
+        reads as yes (v2 before 5.19 has no peak; before 6.12 it cannot be reset)."""
+        path = self._path("peak")
+        if path is None or self._limits is None:
+            return True
+        with contextlib.suppress(OSError, ValueError):
+            reached = int(self.files.read(path)) >= self._limits[0] - d.MIB  # charge batches
+            self.files.write(path, b"0")  # the next ask sees only what came after
+            return reached
+        return True
 
     def remove(self) -> None:
         self.files.close()

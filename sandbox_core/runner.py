@@ -36,6 +36,7 @@ class ExecOutcome:
     flooded: bool = False
     cancelled: bool = False
     memory_exceeded: bool = False  # the kernel says the job hit its memory limit
+    farm_memory_bound: bool = False  # ...the farm's, for all jobs together (cgroups.py)
     spawn_ms: float = 0.0
     duration_ms: float = 0.0
     cpu_ms: float = 0.0

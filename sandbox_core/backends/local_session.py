@@ -219,8 +219,12 @@ class LocalSession(Session):
             # Our init's word on the job (else it was killed with the sandbox on a
             # timeout, flood or cancel, or never started: the sandbox's own exit stands).
             apply_init_record(outcome, record)
-        outcome.memory_exceeded = bool(self.cgroup and self.cgroup.oom_kills() > ooms_before)
         if self.cgroup is not None:
+            outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before
+            # killed short of its own limit: the farm's bound for all jobs together was hit
+            outcome.farm_memory_bound = (
+                outcome.memory_exceeded and not self.cgroup.reached_own_limit()
+            )
             outcome.cpu_ms = max(outcome.cpu_ms, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
         return outcome
 

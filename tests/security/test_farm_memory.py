@@ -140,8 +140,13 @@ def test_jobs_together_are_bounded_below_the_hosts_ram(
     assert layout.memory_bound == SMALL_MB * d.MIB, layout.problems
     assert result.steps[0].stdout.startswith("START"), result
     assert "DONE" not in result.steps[0].stdout, result
-    # the OOM killer took it in the farm's group (a tmpfs file too: the writer is killed)
+    # the OOM killer took it in the farm's group (a tmpfs file too: the writer is killed),
+    # and the result says whose bound it was: not the job's own limit
     assert result.status == Status.MEMORY_EXCEEDED, result
+    assert result.steps[0].message == (
+        "the farm's memory bound for all jobs together was reached"
+        f" (this job's own limit of {JOB_LIMITS['memory_mb']} MB was not)"
+    ), result
     # The host is intact: the next job runs, and the real parent's bound is unchanged.
     assert after.status == Status.SUCCEEDED and after.steps[0].stdout == "host-ok\n", after
     assert _limit_file(real_layout).read_text() == real_limit

@@ -23,6 +23,7 @@ def test_memory_bomb_under_limit_is_memory_exceeded(run):
     assert roomy.steps[0].stdout == "START\nALLOC\n"
     result = run(code=MEMORY_BOMB, limits={"memory_mb": 128})
     assert result.status == Status.MEMORY_EXCEEDED, result
+    assert result.steps[0].message == "memory limit of 128 MB reached", result  # its own
     assert result.steps[0].stdout.startswith("START"), result  # the bomb ran
     assert "ALLOC" not in result.steps[0].stdout
     assert run(command="echo host-ok").steps[0].stdout == "host-ok\n"
