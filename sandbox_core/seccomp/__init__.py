@@ -6,7 +6,7 @@ namespace flags, setns: a user namespace hands out every capability, and with th
 kernel attack surface most privilege escalations need), io_uring, bpf, perf_event_open,
 userfaultfd (kernel exploit surface and helpers), kernel keyrings (not namespaced; they
 outlive the job under its slot uid), mount calls, kexec and module loading, and sockets
-other than unix, IP and netlink route (vsock, packet, alg, ...: EAFNOSUPPORT). Other
+other than unix and IP (netlink, vsock, packet, alg, ...: EAFNOSUPPORT). Other
 ABIs (i386, x32) are refused; clone3 gets ENOSYS, so glibc falls back to clone.
 
 ``job_filter()`` is the classic BPF program the process backend's exec helper (or the
