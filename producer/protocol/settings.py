@@ -108,7 +108,8 @@ class Settings(BaseSettings):
     allow_network: bool = Field(
         False,
         description="let jobs ask for `limits.network` (process/bwrap: the host network,"
-        " broker included; docker: a bridge)",
+        " broker included; docker: the farm's bridge, where jobs reach neither each other"
+        " nor the host)",
     )
     allow_weaker: bool = Field(
         False, description="run jobs even where a backend protection is missing (tests only)"
