@@ -59,28 +59,33 @@ def configure_loopback(packet_bytes: int = LOOPBACK_PACKET_BYTES) -> None:
         raise OSError(-code, f"rtnetlink: setting lo's packet size: {os.strerror(-code)}")
 
 
-def configure_loopback_in(netns: str, packet_bytes: int = LOOPBACK_PACKET_BYTES) -> None:
-    """``configure_loopback`` in the network namespace at path ``netns`` (a container's,
-    as the engine names it: root only), from a thread of its own that ends at once:
-    setns(CLONE_NEWNET) moves only the calling thread, so nothing else of ours is ever in
-    the job's namespace."""
+def configure_loopback_of(pid: int, owner: str, packet_bytes: int = LOOPBACK_PACKET_BYTES) -> None:
+    """``configure_loopback`` in the network namespace of process ``pid`` (a container's
+    init: root only), checked to be in a cgroup named for ``owner`` (the container's id)
+    once a pidfd pins it, so a pid reused since it was looked up is never configured.
+
+    From a thread of its own that ends at once: setns(CLONE_NEWNET) moves only the
+    calling thread, so nothing else of ours is ever in the job's namespace."""
     failed: list[BaseException] = []
 
     def configure(fd: int) -> None:
         try:
             if _libc.setns(fd, _CLONE_NEWNET) != 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"setns into {netns}: {os.strerror(err)}")
+                raise OSError(err, f"setns into pid {pid}'s network: {os.strerror(err)}")
             configure_loopback(packet_bytes)
         except BaseException as exc:  # raised in the caller's thread below
             failed.append(exc)
 
-    fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    pidfd = os.pidfd_open(pid)
     try:
-        thread = threading.Thread(target=configure, args=(fd,), name="sandfarm-lo")
+        with open(f"/proc/{pid}/cgroup") as groups:
+            if owner not in groups.read():
+                raise OSError(errno.ESRCH, f"pid {pid} is no longer {owner[:12]}'s")
+        thread = threading.Thread(target=configure, args=(pidfd,), name="sandfarm-lo")
         thread.start()
         thread.join()
     finally:
-        os.close(fd)
+        os.close(pidfd)
     if failed:
         raise failed[0]

@@ -241,7 +241,7 @@ def test_stack_workers_run_bwrap_and_docker_jobs(stack: Stack) -> None:
         ids = {b: client.submit(spec) for b, spec in specs.items()}
         results = {b: client.result(i, timeout=180) for b, i in ids.items()}
     for backend, result in results.items():
-        assert result is not None and result.backend == backend, result
+        assert result is not None and result.backend == backend and result.steps, result
         step = result.steps[0]
         assert (result.status.value, step.exit_code, step.signal) == ("failed", 137, None), result
         assert int(step.stdout.split()[0]) >= 61000, step.stdout

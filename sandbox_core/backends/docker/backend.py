@@ -33,7 +33,7 @@ from sandbox_core.backends.docker.launcher import arm
 from sandbox_core.backends.docker.pool import Remover, WarmContainer, WarmPool
 from sandbox_core.backends.docker.session import DockerSession
 from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
-from sandbox_core.loopback import configure_loopback_in
+from sandbox_core.loopback import configure_loopback_of
 from sandbox_core.models import JobSpec, Limits
 from sandbox_core.procevents import ExitWatcher
 from sandbox_core.seccomp import docker_profile
@@ -181,9 +181,8 @@ class DockerBackend(Backend):
             raise
         if "runsc" not in self.config.runtime:  # gVisor's jobs use its own network stack
             try:  # before any job process: small packets on its loopback (loopback.py)
-                # the namespace by the engine's name for it, not a pid that may be reused
                 info = self.client.api.inspect_container(container_id)
-                configure_loopback_in(info["NetworkSettings"]["SandboxKey"])
+                configure_loopback_of(info["State"]["Pid"], container_id)
             except BaseException:
                 self.remove_later(container_id)
                 raise

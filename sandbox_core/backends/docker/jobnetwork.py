@@ -8,7 +8,8 @@ service listening beyond loopback through the bridge's gateway. Here the bridge 
 inter-container traffic off (the engine's ``enable_icc``: a FORWARD rule dropping
 bridge-to-bridge packets) and the host drops whatever comes in from it (an INPUT rule
 of ours, added when missing). Without the engine's rule (a daemon started with
-``--iptables=false``) or ours, network jobs are refused: the isolation is not there.
+``--iptables=false``), bridged traffic filtered (br_netfilter) or ours, network jobs are
+refused: the isolation is not there. IPv6 is off in their containers (containers.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any, NoReturn
 
 from sandbox_core.errors import ProtectionUnavailableError
@@ -27,6 +29,7 @@ _BRIDGE_NAME = "com.docker.network.bridge.name"
 _OPTIONS = {_ICC: "false", _BRIDGE_NAME: BRIDGE}
 _INPUT_RULE = ["INPUT", "-i", BRIDGE, "-j", "DROP"]
 _ICC_RULE = f"-i {BRIDGE} -o {BRIDGE} -j DROP"
+_BRIDGE_FILTER = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")  # br_netfilter's
 _lock = threading.Lock()
 
 
@@ -35,10 +38,15 @@ def job_network(client: Any) -> str:
     ProtectionUnavailableError where its isolation cannot be had)."""
     with _lock:
         network = _get_or_create(client)
-        options = network.attrs.get("Options") or {}
-        if any(options.get(key) != value for key, value in _OPTIONS.items()):
-            _refuse(f"the docker network {NAME} exists with other options {options}: remove it")
+        attrs = network.attrs
+        options = attrs.get("Options") or {}
+        other = any(options.get(key) != value for key, value in _OPTIONS.items())
+        if other or attrs.get("Driver") != "bridge" or attrs.get("EnableIPv6"):
+            made = {k: attrs.get(k) for k in ("Driver", "EnableIPv6", "Options")}
+            _refuse(f"the docker network {NAME} exists made otherwise {made}: remove it")
         _drop_input_from_bridge()
+        if not _BRIDGE_FILTER.exists() or _BRIDGE_FILTER.read_text().strip() != "1":
+            _refuse(f"{_BRIDGE_FILTER} is off: the engine's rule never sees bridged traffic")
         if _ICC_RULE not in _iptables("-S"):
             _refuse(
                 "the engine keeps no iptables rules (--iptables=false): jobs would reach each other"
@@ -60,13 +68,13 @@ def _get_or_create(client: Any) -> Any:
 
 
 def _drop_input_from_bridge() -> None:
+    if shutil.which("iptables") is None:
+        _refuse("no iptables here to keep jobs off the host")
     if subprocess.run(["iptables", "-w", "-C", *_INPUT_RULE], capture_output=True).returncode:
         _iptables("-I", *_INPUT_RULE)
 
 
 def _iptables(*args: str) -> str:
-    if shutil.which("iptables") is None:
-        _refuse("no iptables here to keep jobs off the host")
     done = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True)
     if done.returncode != 0:
         _refuse(f"iptables {' '.join(args)}: {done.stderr.strip()}")

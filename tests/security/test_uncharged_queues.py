@@ -1,8 +1,9 @@
-"""Netlink sockets are refused to jobs: the replies the kernel queues on one are charged
-to no cgroup. An attack review (2026-12-05) held ~795 MB of the host's unreclaimable
-kernel memory from a job of 64 MB with 100 route sockets (SO_RCVBUF raised to the
-host's rmem_max, each failed request's acknowledgement echoing it back), unbounded at
-the default limits' 16,384 descriptors.
+"""Netlink and ping sockets are refused to jobs: the replies the kernel queues on one
+are charged to no cgroup. An attack review (2026-12-05) held ~795 MB of the host's
+unreclaimable kernel memory from a job of 64 MB with 100 route sockets (SO_RCVBUF raised
+to the host's rmem_max, each failed request's acknowledgement echoing it back),
+unbounded at the default limits' 16,384 descriptors; a second one 162 MB with 20 ping
+sockets from a docker job.
 """
 
 from __future__ import annotations
@@ -82,3 +83,31 @@ def test_netlink_replies_charged_to_nobody_are_out_of_a_jobs_reach(run, tmp_path
     assert result.status == Status.SUCCEEDED, result
     assert result.steps[0].stdout == f"refused {errno.EAFNOSUPPORT}\n", result
     assert run(command="echo host-ok").steps[0].stdout == "host-ok\n"
+
+
+# Opens an ICMP echo ("ping") socket, as any user may where the namespace's
+# net.ipv4.ping_group_range lets it, and reads back its own echo from loopback.
+PINGS_ITSELF = """
+import socket, struct
+try:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+except OSError as exc:
+    print("refused", exc.errno); raise SystemExit(0)
+sock.settimeout(5)
+sock.sendto(struct.pack("!BBHHH", 8, 0, 0, 0, 1) + b"x" * 56, ("127.0.0.1", 0))
+print("echoed", len(sock.recv(4096)))
+"""
+
+
+def test_jobs_get_no_ping_sockets(run, backend):
+    """The engine opens ping sockets to every gid of a container's namespace, and the
+    replies queued on one are charged to no cgroup (an attack review, 2026-12-05: 20 of
+    them held 162 MB of the host's unreclaimable memory from a 64 MB docker job)."""
+    if backend.name == "docker":  # the control: a plain container as the engine makes it
+        out = backend.client.containers.run(
+            backend.image, ["python3", "-c", PINGS_ITSELF], user="65534", remove=True
+        )
+        assert out.decode() == "echoed 64\n", out  # the attack's socket, and its queue
+    result = run(code=PINGS_ITSELF)
+    assert result.status == Status.SUCCEEDED, result
+    assert result.steps[0].stdout == f"refused {errno.EACCES}\n", result
