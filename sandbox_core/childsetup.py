@@ -23,8 +23,9 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sandbox_core import seccomp
 from sandbox_core.defaults import EXEC_HELPER_AUTO, MIB
@@ -32,6 +33,7 @@ from sandbox_core.loopback import configure_loopback
 from sandbox_core.models import Limits
 
 _libc = ctypes.CDLL(None, use_errno=True)
+T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS = 0x00020000
@@ -164,29 +166,37 @@ def new_network_namespace() -> int:
     kept alive by the returned fd (root only). One per session: a namespace outlives its
     processes' sockets (TIME_WAIT for ~60 s, loopback's and TCP's counters, /proc/net's
     tables), so a job's next one in a slot must not share it (SECURITY.md, "the slot's
-    loopback").
-
-    Made by a thread of its own that ends at once: unshare(CLONE_NEWNET) moves only the
-    calling thread, so no other thread of ours and no process is ever in it (a forked
-    helper cost a fork of the pool process and could outlive a killed parent).
+    loopback"). Made in a thread of its own (``in_own_thread``: a forked helper cost a
+    fork of the pool process and could outlive a killed parent).
     """
-    made: list[int] = []
+
+    def make() -> int:
+        unshare(CLONE_NEWNET)
+        configure_loopback()  # up, with small packets (why: loopback.py)
+        return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+
+    return in_own_thread(make)
+
+
+def in_own_thread(work: Callable[[], T]) -> T:
+    """``work()`` in a thread of its own that ends at once, its exception raised here:
+    unshare or setns of CLONE_NEWNET moves only the calling thread, so no other thread of
+    ours and no process is ever in the namespace it makes or joins."""
+    done: list[T] = []
     failed: list[BaseException] = []
 
-    def make() -> None:
+    def run() -> None:
         try:
-            unshare(CLONE_NEWNET)
-            configure_loopback()  # up, with small packets (why: loopback.py)
-            made.append(os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+            done.append(work())
         except BaseException as exc:  # raised in the caller's thread below
             failed.append(exc)
 
-    thread = threading.Thread(target=make, name="sandfarm-netns", daemon=True)
+    thread = threading.Thread(target=run, name="sandfarm-netns", daemon=True)
     thread.start()
     thread.join()
     if failed:
         raise failed[0]
-    return made[0]
+    return done[0]
 
 
 def private_network(as_root: bool) -> None:

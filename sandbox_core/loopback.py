@@ -9,23 +9,21 @@ host's one ``tcp_mem`` pool at the default limits' 16,384 sockets. Measured here
 alone or the GSO size alone left it where it was.
 
 Set by one rtnetlink message (RTM_NEWLINK on ``lo``: up, MTU, GSO size) from a thread
-in the namespace. Written out here rather than through pyroute2: it runs once a session
-on the job's critical path, and three attributes are the whole of it.
+in the namespace (childsetup.new_network_namespace; a container's:
+containers.configure_container_loopback). Written out here rather than through
+pyroute2: it runs once a session on the job's critical path, and three attributes are
+the whole of it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import socket
 import struct
-import threading
 
 from sandbox_core.defaults import LOOPBACK_PACKET_BYTES
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_CLONE_NEWNET = 0x40000000
 _RTM_NEWLINK = 16
 _NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
 _NLMSG_ERROR = 2
@@ -52,40 +50,8 @@ def configure_loopback(packet_bytes: int = LOOPBACK_PACKET_BYTES) -> None:
         sock.sendto(_setlink_message(index, packet_bytes), (0, 0))
         reply = sock.recv(4096)
     _, kind, _, _, _ = _NLMSGHDR.unpack_from(reply)
-    code = struct.unpack_from("=i", reply, _NLMSGHDR.size)[0] if kind == _NLMSG_ERROR else 0
-    if kind != _NLMSG_ERROR or code > 0:
+    if kind != _NLMSG_ERROR:  # an acknowledgement is an error message of code 0
         raise OSError(errno.EPROTO, f"rtnetlink: unexpected reply to RTM_NEWLINK: {kind}")
-    if code < 0:
+    (code,) = struct.unpack_from("=i", reply, _NLMSGHDR.size)
+    if code:
         raise OSError(-code, f"rtnetlink: setting lo's packet size: {os.strerror(-code)}")
-
-
-def configure_loopback_of(pid: int, owner: str, packet_bytes: int = LOOPBACK_PACKET_BYTES) -> None:
-    """``configure_loopback`` in the network namespace of process ``pid`` (a container's
-    init: root only), checked to be in a cgroup named for ``owner`` (the container's id)
-    once a pidfd pins it, so a pid reused since it was looked up is never configured.
-
-    From a thread of its own that ends at once: setns(CLONE_NEWNET) moves only the
-    calling thread, so nothing else of ours is ever in the job's namespace."""
-    failed: list[BaseException] = []
-
-    def configure(fd: int) -> None:
-        try:
-            if _libc.setns(fd, _CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"setns into pid {pid}'s network: {os.strerror(err)}")
-            configure_loopback(packet_bytes)
-        except BaseException as exc:  # raised in the caller's thread below
-            failed.append(exc)
-
-    pidfd = os.pidfd_open(pid)
-    try:
-        with open(f"/proc/{pid}/cgroup") as groups:
-            if owner not in groups.read():
-                raise OSError(errno.ESRCH, f"pid {pid} is no longer {owner[:12]}'s")
-        thread = threading.Thread(target=configure, args=(pidfd,), name="sandfarm-lo")
-        thread.start()
-        thread.join()
-    finally:
-        os.close(pidfd)
-    if failed:
-        raise failed[0]

@@ -30,7 +30,7 @@ def classify(outcome: ExecOutcome, limits: Limits) -> tuple[StepStatus, str | No
         return StepStatus.TIMED_OUT, f"CPU limit of {limits.cpu_s}s reached"
     if outcome.exit_code == 0:
         return StepStatus.SUCCEEDED, None
-    if outcome.memory_exceeded and outcome.farm_memory_bound:
+    if outcome.farm_memory_bound:  # an OOM kill short of the job's own limit
         return StepStatus.MEMORY_EXCEEDED, (
             "the farm's memory bound for all jobs together was reached"
             f" (this job's own limit of {limits.memory_mb} MB was not)"

@@ -89,11 +89,9 @@ def _ip_on(container: Any, network: str) -> tuple[str, str]:
     raise AssertionError(f"{container.name} has no address on {network}")
 
 
-def test_on_dockers_default_bridge_containers_reach_each_other_and_the_host(
-    network_backend, host_listener
-):
-    """The attack, outside the farm: two plain containers on the default bridge."""
-    port, came = host_listener
+def _attack_on_dockers_default_bridge(network_backend: Any, port: int, came: list) -> None:
+    """The attack works outside the farm: two plain containers on the default bridge
+    reach each other and the host's listener."""
     client = network_backend.client
     image = network_backend.image
     server = client.containers.run(image, ["python3", "-c", SERVES], detach=True)
@@ -111,6 +109,8 @@ def test_on_dockers_default_bridge_containers_reach_each_other_and_the_host(
 
 def test_network_jobs_reach_neither_each_other_nor_the_host(network_backend, host_listener):
     port, came = host_listener
+    _attack_on_dockers_default_bridge(network_backend, port, came)
+    came.clear()
     served: list[JobResult] = []
     server_id = f"net-server-{uuid.uuid4().hex[:8]}"
     limits = {"network": True, "timeout_s": 30}

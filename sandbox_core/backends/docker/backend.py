@@ -23,6 +23,7 @@ from sandbox_core.backends.config import DockerConfig
 from sandbox_core.backends.docker.containers import (
     Owner,
     Profile,
+    configure_container_loopback,
     create_container,
     pts_base,
     reap_orphans,
@@ -33,7 +34,6 @@ from sandbox_core.backends.docker.launcher import arm
 from sandbox_core.backends.docker.pool import Remover, WarmContainer, WarmPool
 from sandbox_core.backends.docker.session import DockerSession
 from sandbox_core.errors import BackendUnavailableError, ProtectionUnavailableError
-from sandbox_core.loopback import configure_loopback_of
 from sandbox_core.models import JobSpec, Limits
 from sandbox_core.procevents import ExitWatcher
 from sandbox_core.seccomp import docker_profile
@@ -182,7 +182,7 @@ class DockerBackend(Backend):
         if "runsc" not in self.config.runtime:  # gVisor's jobs use its own network stack
             try:  # before any job process: small packets on its loopback (loopback.py)
                 info = self.client.api.inspect_container(container_id)
-                configure_loopback_of(info["State"]["Pid"], container_id)
+                configure_container_loopback(container_id, info["State"]["Pid"])
             except BaseException:
                 self.remove_later(container_id)
                 raise

@@ -14,6 +14,7 @@ anywhere on the host can tell a dead owner from a live one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from sandbox_core import defaults as d
 from sandbox_core import slots
 from sandbox_core.backends.config import DockerConfig
 from sandbox_core.backends.docker import jobnetwork
-from sandbox_core.childsetup import mount_devpts
+from sandbox_core.childsetup import in_own_thread, join_network_namespace, mount_devpts
+from sandbox_core.loopback import configure_loopback
 from sandbox_core.models import Limits
 from sandbox_core.seccomp import docker_profile
 from sandbox_core.workspace import unmount
@@ -168,6 +170,25 @@ def create_container(
             _remove_devpts(pts)
         raise
     return str(container.id)
+
+
+def configure_container_loopback(container_id: str, pid: int) -> None:
+    """Small packets on the loopback of the container whose init is ``pid`` (loopback.py),
+    before any job process. A pidfd pins the process, then its cgroup must name the
+    container: a pid reused since the engine named it is never joined."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        with open(f"/proc/{pid}/cgroup") as groups:
+            if container_id not in groups.read():
+                raise OSError(errno.ESRCH, f"pid {pid} is no longer {container_id[:12]}'s")
+
+        def configure() -> None:
+            join_network_namespace(pidfd)  # setns takes a pidfd
+            configure_loopback()
+
+        in_own_thread(configure)
+    finally:
+        os.close(pidfd)
 
 
 def _sysctls(profile: Profile) -> dict[str, str]:
