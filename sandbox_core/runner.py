@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sandbox_core import defaults as d
 from sandbox_core.models import Limits
@@ -22,6 +23,15 @@ _CHUNK = 1 << 16
 # After a stop (timeout, flood, cancel) or the leftovers' kill: read what is left in the
 # pipes for at most this long.
 KILL_DRAIN_S = 1.0
+
+
+class Watch(Protocol):
+    """A check a step's supervision makes at each wake (at least every ``every_s``):
+    True ends the step (acceptqueue.AcceptQueueWatch)."""
+
+    every_s: float
+
+    def __call__(self) -> bool: ...
 
 
 @dataclass
@@ -37,6 +47,7 @@ class ExecOutcome:
     cancelled: bool = False
     memory_exceeded: bool = False  # the kernel says the job hit its memory limit
     farm_memory_bound: bool = False  # ...the farm's, for all jobs together (cgroups.py)
+    connections_waiting: bool = False  # its listeners held too much uncharged memory
     spawn_ms: float = 0.0
     duration_ms: float = 0.0
     cpu_ms: float = 0.0
@@ -53,9 +64,10 @@ class ExecOutcome:
 class Supervisor:
     """The deadline, cancel, flood and exit-drain rules of one step.
 
-    ``stop`` ends the step now (timeout, flood, cancel); ``end_leftovers`` kills what the
-    step's main process left running once it exited and the leftovers had EXIT_DRAIN_S
-    to finish writing. After either, output is read for ``kill_drain_s`` more.
+    ``stop`` ends the step now (timeout, flood, cancel, or ``watch`` saying so: the
+    acceptqueue watch); ``end_leftovers`` kills what the step's main process left running
+    once it exited and the leftovers had EXIT_DRAIN_S to finish writing. After either,
+    output is read for ``kill_drain_s`` more.
     """
 
     def __init__(
@@ -67,8 +79,10 @@ class Supervisor:
         stop: Callable[[], None],
         end_leftovers: Callable[[], None],
         kill_drain_s: float = KILL_DRAIN_S,
+        watch: Watch | None = None,
     ) -> None:
         self.out = out
+        self.watch = watch
         self.limits = limits
         self.deadline = deadline
         self.cancel = cancel
@@ -96,9 +110,14 @@ class Supervisor:
         if self.cancel is not None and self.cancel.is_set():
             self.stop("cancelled")
             return self.next_wait(poll_s)
+        if self.watch is not None and self.watch():
+            self.stop("connections_waiting")
+            return self.next_wait(poll_s)
         wait = self.deadline - now
         if self.cancel is not None:
             wait = min(wait, 0.05)
+        if self.watch is not None:
+            wait = min(wait, self.watch.every_s)
         return _capped(wait, poll_s)
 
     @property
@@ -198,6 +217,7 @@ def run_captured(
     stdin_data: bytes | None = None,
     cancel: threading.Event | None = None,
     pass_fds: Sequence[int] = (),
+    watch: Watch | None = None,
 ) -> ExecOutcome:
     """Start ``argv`` in a new session and supervise it until it and its output are done
     (see ``supervise``)."""
@@ -210,7 +230,7 @@ def run_captured(
         stdin=True,  # a pipe: the step's stdin, then EOF (as a standby's, made before it)
         pass_fds=pass_fds,
     )
-    return supervise(proc, started, limits, deadline, kill_tree, stdin_data, cancel)
+    return supervise(proc, started, limits, deadline, kill_tree, stdin_data, cancel, watch)
 
 
 def supervise(
@@ -221,6 +241,7 @@ def supervise(
     kill_tree: Callable[[], None],
     stdin_data: bytes | None = None,
     cancel: threading.Event | None = None,
+    watch: Watch | None = None,
 ) -> ExecOutcome:
     """Supervise ``proc`` (started at ``started``, monotonic) until it and its output are
     done. ``kill_tree`` must kill every process the job started (the caller's cgroup or
@@ -236,7 +257,7 @@ def supervise(
         with contextlib.suppress(OSError):  # the session's group, should kill_tree be weak
             os.killpg(proc.pid, 9)
 
-    supervisor = Supervisor(out, limits, deadline, cancel, kill_all, kill_all)
+    supervisor = Supervisor(out, limits, deadline, cancel, kill_all, kill_all, watch=watch)
     pidfd = os.pidfd_open(proc.pid)
     sel = selectors.DefaultSelector()
     buffers = {proc.stdout.fileno(): out.stdout, proc.stderr.fileno(): out.stderr}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sandbox_core import defaults as d
 from sandbox_core import slots
+from sandbox_core.acceptqueue import AcceptQueueWatch, tables_here, tables_in_namespace
 from sandbox_core.backends import prewarm
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.steps import direct_words, script_argv, source_of
@@ -60,6 +61,7 @@ class StepPlan:
     setup: ChildSetup
     deadline: float
     cancel: threading.Event | None
+    watch: AcceptQueueWatch | None = None
 
     @property
     def stdin(self) -> bytes | None:
@@ -204,7 +206,8 @@ class LocalSession(Session):
             words = direct_words(step.command, env) or []  # the script stays as the fallback
         status_fd: int | None = None
         try:
-            plan = StepPlan(step, [*words, *argv], env, len(words), setup, deadline, cancel)
+            watch = self._accept_queue_watch(setup)
+            plan = StepPlan(step, [*words, *argv], env, len(words), setup, deadline, cancel, watch)
             ran = self._run_standby(plan)
             if ran is None:
                 ran = self._run_cold(plan)
@@ -228,6 +231,20 @@ class LocalSession(Session):
             outcome.cpu_ms = max(outcome.cpu_ms, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
         return outcome
 
+    def _accept_queue_watch(self, setup: ChildSetup) -> AcceptQueueWatch | None:
+        """The step's watch on its listeners' uncharged queues (why: acceptqueue.py), by
+        the slot's uid: none where the job has no uid of its own, or runs in a namespace
+        the sandbox makes itself (not root: not ours to join)."""
+        uid = self.slot.uid
+        if uid is None:
+            return None
+        if setup.netns_fd is not None:
+            netns_fd = setup.netns_fd
+            return AcceptQueueWatch(uid, lambda: tables_in_namespace(netns_fd))
+        if setup.private_net:
+            return None
+        return AcceptQueueWatch(uid, tables_here)  # a network job: the host's namespace
+
     def _run_standby(self, plan: StepPlan) -> tuple[ExecOutcome, int | None] | None:
         """The step in this session's standby (the first step only), or None: run cold."""
         standby, self.standby = self.standby, None
@@ -247,6 +264,7 @@ class LocalSession(Session):
                         self.kill_tree,
                         plan.stdin,
                         plan.cancel,
+                        plan.watch,
                     )
                 except BaseException:
                     standby.discard()
@@ -290,6 +308,7 @@ class LocalSession(Session):
                 pass_fds=fds,
                 stdin_data=plan.stdin,
                 cancel=plan.cancel,
+                watch=plan.watch,
             )
         except BaseException:
             if launch.status_fd is not None:

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandbox_core import defaults as d
+from sandbox_core.acceptqueue import AcceptQueueWatch, tables_of_process
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
@@ -94,6 +95,7 @@ class DockerSession(Session):
         cancel: threading.Event | None = None,
         env: dict[str, str] | None = None,
         launcher: Launcher | None = None,
+        watch: AcceptQueueWatch | None = None,
     ) -> ExecOutcome:
         out = ExecOutcome.for_limits(limits)
         started = time.monotonic()
@@ -103,7 +105,7 @@ class DockerSession(Session):
         # The container is killed after the stream is shut (see below), never from
         # inside the loop; leftovers of a step that exited are swept before the next.
         supervisor = Supervisor(
-            out, limits, deadline, cancel, lambda: None, lambda: None, kill_drain_s=0.0
+            out, limits, deadline, cancel, lambda: None, lambda: None, 0.0, watch
         )
         try:
             self._pump(raw, exec_id, out, supervisor, early)
@@ -115,7 +117,7 @@ class DockerSession(Session):
                 feeder.join(_FEEDER_JOIN_S)
             if feeder is None or not feeder.is_alive():
                 raw.close()  # else left open: a live feeder's fd is never reused
-        if out.timed_out or out.flooded or out.cancelled:
+        if out.timed_out or out.flooded or out.cancelled or out.connections_waiting:
             self.kill()
         out.duration_ms = (time.monotonic() - started) * 1000 - out.spawn_ms
         info = None if self.dead else self._inspect(exec_id)
@@ -256,6 +258,15 @@ class DockerSession(Session):
         if files:
             self.files.put(files)  # one tar stream, one exec
 
+    def _network_tables(self) -> list[str]:
+        """/proc/net/tcp{,6} of the container's namespace, through any process of it
+        (AcceptQueueWatch counts only the job uid's listeners in them)."""
+        for pid in self.cgroup.pids() or []:
+            tables = tables_of_process(pid)
+            if tables:
+                return tables
+        return []
+
     def _sweep(self) -> None:
         """Kill what the last step left running before the farm touches the files.
 
@@ -315,6 +326,7 @@ class DockerSession(Session):
             cancel=cancel,
             env=env,
             launcher=launcher,
+            watch=AcceptQueueWatch(self.uid, self._network_tables),
         )
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count; 0 where the cgroup went with the container (killed)
