@@ -23,7 +23,6 @@ only while it is high.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ _TABLES = ("tcp", "tcp6")
 # queues past any bound (loopback's usual 64 KiB; a network job's interface may be any).
 _PACKET_SLACK_BYTES = 64 * d.KIB
 
-Tables = Callable[[], list[str]]
+Rows = Callable[[], list[str]]
 
 
 def host_tcp_pages() -> int:
@@ -73,49 +72,64 @@ def most_one_connection_holds() -> int:
     return largest + _PACKET_SLACK_BYTES
 
 
-def waiting_connections(tables: list[str], uid: int) -> int:
-    """Connections in the accept queues of ``uid``'s listeners, in ``tables`` (the text
-    of /proc/net/tcp and tcp6: a listener's rx_queue is its accept queue's length)."""
+def waiting_connections(rows: list[str], uid: int) -> int:
+    """Connections in the accept queues of ``uid``'s listeners, in ``rows`` of
+    /proc/net/tcp or tcp6 (a listener's rx_queue is its accept queue's length)."""
     count = 0
-    for table in tables:
-        for line in table.splitlines()[1:]:
-            fields = line.split()
-            if len(fields) > 7 and fields[3] == _LISTEN and fields[7] == str(uid):
-                count += int(fields[4].partition(":")[2], 16)
+    for row in rows:
+        fields = row.split()
+        if len(fields) > 7 and fields[3] == _LISTEN and fields[7] == str(uid):
+            count += int(fields[4].partition(":")[2], 16)
     return count
 
 
-def tables_in_namespace(netns_fd: int) -> list[str]:
-    """/proc/net/tcp{,6} of the network namespace ``netns_fd`` (read from a thread of
-    our own that joins it and ends: no other thread of ours is ever in it)."""
+def listener_rows(net_dir: str) -> list[str]:
+    """The listeners' rows of ``net_dir``/tcp and tcp6. The kernel lists every listener
+    before any other socket, so reading stops at the first other one: a job's thousands
+    of connections cost the worker nothing to skip."""
+    rows: list[str] = []
+    for name in _TABLES:
+        with open(f"{net_dir}/{name}") as table:
+            next(table, None)  # the header
+            for row in table:
+                fields = row.split(maxsplit=4)
+                if len(fields) < 4 or fields[3] != _LISTEN:
+                    break
+                rows.append(row)
+    return rows
+
+
+def rows_in_namespace(netns_fd: int) -> list[str]:
+    """Listener rows of the network namespace ``netns_fd`` (read from a thread of our
+    own that joins it and ends: no other thread of ours is ever in it)."""
 
     def read() -> list[str]:
         join_network_namespace(netns_fd)
-        return [Path("/proc/thread-self/net", name).read_text() for name in _TABLES]
+        return listener_rows("/proc/thread-self/net")
 
     return in_own_thread(read)
 
 
-def tables_of_process(pid: int) -> list[str]:
-    """/proc/net/tcp{,6} of the network namespace ``pid`` is in ([] once it is gone)."""
+def rows_of_process(pid: int) -> list[str] | None:
+    """Listener rows of the network namespace ``pid`` is in (None once it is gone)."""
     try:
-        return [Path(f"/proc/{pid}/net", name).read_text() for name in _TABLES]
+        return listener_rows(f"/proc/{pid}/net")
     except (FileNotFoundError, ProcessLookupError):
-        return []
+        return None
 
 
-def tables_here() -> list[str]:
-    """/proc/net/tcp{,6} of this process's own namespace (a network job on L1/L2 shares
-    the host's: its uid tells its listeners from everyone else's)."""
-    return tables_of_process(os.getpid())
+def rows_here() -> list[str]:
+    """Listener rows of this process's own namespace (a network job on L1/L2 shares the
+    host's: its uid tells its listeners from everyone else's)."""
+    return listener_rows("/proc/self/net")
 
 
 class AcceptQueueWatch:
     """Called at each wake of a step's supervision: True once the step must stop."""
 
-    def __init__(self, uid: int, tables: Tables, every_s: float = d.ACCEPT_QUEUE_WATCH_S):
+    def __init__(self, uid: int, rows: Rows, every_s: float = d.ACCEPT_QUEUE_WATCH_S):
         self.uid = uid
-        self.tables = tables
+        self.rows = rows
         self.every_s = every_s
         self.next_check = time.monotonic() + every_s  # a short step is never read
         self.waiting = 0  # connections its listeners held when it was stopped
@@ -128,5 +142,5 @@ class AcceptQueueWatch:
         mark = pressure_free_pages()
         if mark is None or host_tcp_pages() <= mark:
             return False
-        self.waiting = waiting_connections(self.tables(), self.uid)
+        self.waiting = waiting_connections(self.rows(), self.uid)
         return self.waiting * most_one_connection_holds() > d.WAITING_CONNECTIONS_BYTES

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sandbox_core import defaults as d
 from sandbox_core import slots
-from sandbox_core.acceptqueue import AcceptQueueWatch, tables_here, tables_in_namespace
+from sandbox_core.acceptqueue import AcceptQueueWatch, rows_here, rows_in_namespace
 from sandbox_core.backends import prewarm
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.steps import direct_words, script_argv, source_of
@@ -240,10 +240,10 @@ class LocalSession(Session):
             return None
         if setup.netns_fd is not None:
             netns_fd = setup.netns_fd
-            return AcceptQueueWatch(uid, lambda: tables_in_namespace(netns_fd))
+            return AcceptQueueWatch(uid, lambda: rows_in_namespace(netns_fd))
         if setup.private_net:
             return None
-        return AcceptQueueWatch(uid, tables_here)  # a network job: the host's namespace
+        return AcceptQueueWatch(uid, rows_here)  # a network job: the host's namespace
 
     def _run_standby(self, plan: StepPlan) -> tuple[ExecOutcome, int | None] | None:
         """The step in this session's standby (the first step only), or None: run cold."""

@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sandbox_core import acceptqueue as aq
 
+HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
+TCP = HEADER + (
+    "   0: 0100007F:9C40 00000000:0000 0A 00000000:00000011 00:00000000 00000000 61001 0 1\n"
+    "   1: 0100007F:9C41 00000000:0000 0A 00000000:00000005 00:00000000 00000000     0 0 2\n"
+    "   2: 0100007F:9C42 0100007F:A000 01 00000000:00100000 00:00000000 00000000 61001 0 3\n"
+    "   3: 0100007F:9C44 00000000:0000 0A 00000000:00000100 00:00000000 00000000 61001 0 5\n"
+)
+TCP6 = HEADER + (
+    "   0: 00000000000000000000000001000000:9C43 00000000000000000000000000000000:0000"
+    " 0A 00000000:00000002 00:00000000 00000000 61001 0 4\n"
+)
 
-def test_waiting_connections_are_counted_by_the_listeners_uid():
-    """The count reads a listener's accept queue (rx_queue) from /proc/net/tcp and tcp6
-    rows in state LISTEN owned by the job's uid, and nothing else."""
-    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
-    tcp = header + (
-        "   0: 0100007F:9C40 00000000:0000 0A 00000000:00000011 00:00000000 00000000 61001 0 1\n"
-        "   1: 0100007F:9C41 00000000:0000 0A 00000000:00000005 00:00000000 00000000     0 0 2\n"
-        "   2: 0100007F:9C42 0100007F:A000 01 00000000:00100000 00:00000000 00000000 61001 0 3\n"
-    )
-    tcp6 = header + (
-        "   0: 00000000000000000000000001000000:9C43 00000000000000000000000000000000:0000"
-        " 0A 00000000:00000002 00:00000000 00000000 61001 0 4\n"
-    )
-    assert aq.waiting_connections([tcp, tcp6], 61001) == 0x11 + 2
-    assert aq.waiting_connections([tcp, tcp6], 61002) == 0
+
+def test_waiting_connections_are_counted_by_the_listeners_uid(tmp_path: Path) -> None:
+    """A listener's rx_queue is its accept queue: only LISTEN rows of the job's uid count,
+    and reading a table stops at its first other row (the kernel lists every listener
+    first), so a row after it is never read."""
+    (tmp_path / "tcp").write_text(TCP)
+    (tmp_path / "tcp6").write_text(TCP6)
+    rows = aq.listener_rows(str(tmp_path))
+    assert len(rows) == 3, rows
+    assert aq.waiting_connections(rows, 61001) == 0x11 + 2
+    assert aq.waiting_connections(rows, 61002) == 0
+    assert aq.waiting_connections(rows, 0) == 5
+
+
+def test_a_gone_process_has_no_rows() -> None:
+    assert aq.rows_of_process(2**22 + 1) is None  # past pid_max
+    assert isinstance(aq.rows_here(), list)

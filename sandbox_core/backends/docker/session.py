@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandbox_core import defaults as d
-from sandbox_core.acceptqueue import AcceptQueueWatch, tables_of_process
+from sandbox_core.acceptqueue import AcceptQueueWatch, rows_of_process
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
@@ -258,13 +258,13 @@ class DockerSession(Session):
         if files:
             self.files.put(files)  # one tar stream, one exec
 
-    def _network_tables(self) -> list[str]:
-        """/proc/net/tcp{,6} of the container's namespace, through any process of it
+    def _listener_rows(self) -> list[str]:
+        """Listener rows of the container's namespace, through any process of it
         (AcceptQueueWatch counts only the job uid's listeners in them)."""
         for pid in self.cgroup.pids() or []:
-            tables = tables_of_process(pid)
-            if tables:
-                return tables
+            rows = rows_of_process(pid)
+            if rows is not None:
+                return rows
         return []
 
     def _sweep(self) -> None:
@@ -326,7 +326,7 @@ class DockerSession(Session):
             cancel=cancel,
             env=env,
             launcher=launcher,
-            watch=AcceptQueueWatch(self.uid, self._network_tables),
+            watch=AcceptQueueWatch(self.uid, self._listener_rows),
         )
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count; 0 where the cgroup went with the container (killed)
