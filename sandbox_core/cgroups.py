@@ -40,6 +40,7 @@ __all__ = [
 ]
 PARENT_NAME = "sandfarm"
 TCP_LIMIT_V1 = "memory.kmem.tcp.limit_in_bytes"  # v1 charges socket buffers only under one
+TCP_USAGE_V1 = "memory.kmem.tcp.usage_in_bytes"  # what it holds (past it: tcpwatch.py)
 CPU_PERIOD_US = 100_000  # the CFS period the CPU quota is a share of
 
 

@@ -40,13 +40,15 @@ TCP_BUFFERS_BYTES = 64 * MIB
 # a packet past that bound, so packets of 8 KiB, not 64, quarter what many sockets pass it
 # by; a job's loopback still moves ~0.9 GB/s (4.9 at 64 KiB).
 LOOPBACK_PACKET_BYTES = 8 * 1024
-# Connections waiting in a job's listeners are charged to no cgroup until accepted
-# (acceptqueue.py): while the host's TCP memory is above tcp_mem[0], a step whose
-# listeners hold connections that could together hold more than this is stopped.
-# Checked every ACCEPT_QUEUE_WATCH_S of a step (the host's figure; the job's tables only
-# while it is high).
+# TCP memory the kernel lets a job hold past that bound (tcpwatch.py), checked every
+# TCP_WATCH_S of a step: its TCP charge past TCP_BUFFERS_BYTES by more than
+# TCP_OVERSHOOT_BYTES (connections accepted after they filled are charged past any
+# limit) stops it; so, while the host's TCP memory is above tcp_mem[0], do connections
+# waiting in its listeners (charged to no cgroup) that could hold more than
+# WAITING_CONNECTIONS_BYTES.
+TCP_OVERSHOOT_BYTES = 64 * MIB
 WAITING_CONNECTIONS_BYTES = 128 * MIB
-ACCEPT_QUEUE_WATCH_S = 0.1
+TCP_WATCH_S = 0.1
 
 # Spec size caps: keep one job's spec and result small enough for Redis.
 MAX_STEPS = 128

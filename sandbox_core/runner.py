@@ -27,11 +27,11 @@ KILL_DRAIN_S = 1.0
 
 class Watch(Protocol):
     """A check a step's supervision makes at each wake (at least every ``every_s``):
-    True ends the step (acceptqueue.AcceptQueueWatch)."""
+    a reason ends the step (tcpwatch.TcpWatch)."""
 
     every_s: float
 
-    def __call__(self) -> bool: ...
+    def __call__(self) -> str | None: ...
 
 
 @dataclass
@@ -47,7 +47,8 @@ class ExecOutcome:
     cancelled: bool = False
     memory_exceeded: bool = False  # the kernel says the job hit its memory limit
     farm_memory_bound: bool = False  # ...the farm's, for all jobs together (cgroups.py)
-    connections_waiting: bool = False  # its listeners held too much uncharged memory
+    watch_stopped: bool = False  # the step's watch stopped it (tcpwatch.py) ...
+    stopped_why: str | None = None  # ... saying why
     spawn_ms: float = 0.0
     duration_ms: float = 0.0
     cpu_ms: float = 0.0
@@ -64,8 +65,8 @@ class ExecOutcome:
 class Supervisor:
     """The deadline, cancel, flood and exit-drain rules of one step.
 
-    ``stop`` ends the step now (timeout, flood, cancel, or ``watch`` saying so: the
-    acceptqueue watch); ``end_leftovers`` kills what the step's main process left running
+    ``stop`` ends the step now (timeout, flood, cancel, or ``watch`` saying why: the
+    TCP watch); ``end_leftovers`` kills what the step's main process left running
     once it exited and the leftovers had EXIT_DRAIN_S to finish writing. After either,
     output is read for ``kill_drain_s`` more.
     """
@@ -110,8 +111,9 @@ class Supervisor:
         if self.cancel is not None and self.cancel.is_set():
             self.stop("cancelled")
             return self.next_wait(poll_s)
-        if self.watch is not None and self.watch():
-            self.stop("connections_waiting")
+        if self.watch is not None and (why := self.watch()):
+            self.out.stopped_why = why
+            self.stop("watch_stopped")
             return self.next_wait(poll_s)
         wait = self.deadline - now
         if self.cancel is not None:

@@ -8,17 +8,17 @@ import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox_core import defaults as d
 from sandbox_core import slots
-from sandbox_core.acceptqueue import AcceptQueueWatch, rows_here, rows_in_namespace
 from sandbox_core.backends import prewarm
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.steps import direct_words, script_argv, source_of
-from sandbox_core.cgroups import JobCgroup
+from sandbox_core.cgroups import TCP_USAGE_V1, JobCgroup, tcp_buffers_limit
 from sandbox_core.childsetup import ChildSetup, bytes_memfd, env_memfd
 from sandbox_core.errors import SlotBusyError
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, PythonStep
@@ -31,6 +31,7 @@ from sandbox_core.runner import (
     supervise,
 )
 from sandbox_core.sweep import reap_zombies_of, sweep_uid
+from sandbox_core.tcpwatch import TcpWatch, rows_here, rows_in_namespace
 from sandbox_core.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class StepPlan:
     setup: ChildSetup
     deadline: float
     cancel: threading.Event | None
-    watch: AcceptQueueWatch | None = None
+    watch: TcpWatch | None = None
 
     @property
     def stdin(self) -> bytes | None:
@@ -206,7 +207,7 @@ class LocalSession(Session):
             words = direct_words(step.command, env) or []  # the script stays as the fallback
         status_fd: int | None = None
         try:
-            watch = self._accept_queue_watch(setup)
+            watch = self._tcp_watch(setup)
             plan = StepPlan(step, [*words, *argv], env, len(words), setup, deadline, cancel, watch)
             ran = self._run_standby(plan)
             if ran is None:
@@ -231,19 +232,37 @@ class LocalSession(Session):
             outcome.cpu_ms = max(outcome.cpu_ms, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
         return outcome
 
-    def _accept_queue_watch(self, setup: ChildSetup) -> AcceptQueueWatch | None:
-        """The step's watch on its listeners' uncharged queues (why: acceptqueue.py), by
-        the slot's uid: none where the job has no uid of its own, or runs in a namespace
-        the sandbox makes itself (not root: not ours to join)."""
-        uid = self.slot.uid
-        if uid is None:
-            return None
+    def _tcp_watch(self, setup: ChildSetup) -> TcpWatch | None:
+        """The step's watch on TCP memory the kernel lets it hold past its bound (why:
+        tcpwatch.py): its slot group's v1 TCP charge, and its listeners by the slot's uid
+        (not where the job has no uid of its own, or runs in a namespace the sandbox makes
+        itself, without root: not ours to join)."""
+        uid, rows = self.slot.uid, None
         if setup.netns_fd is not None:
             netns_fd = setup.netns_fd
-            return AcceptQueueWatch(uid, lambda: rows_in_namespace(netns_fd))
-        if setup.private_net:
+            rows = lambda: rows_in_namespace(netns_fd)  # noqa: E731
+        elif not setup.private_net and uid is not None:
+            rows = rows_here  # a network job: the host's namespace, told by its uid
+        usage = self._tcp_usage()
+        if usage is None and rows is None:
             return None
-        return AcceptQueueWatch(uid, rows_here)  # a network job: the host's namespace
+        bound = tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB)
+        return TcpWatch(uid, rows, usage or (lambda: None), bound)
+
+    def _tcp_usage(self) -> Callable[[], int | None] | None:
+        """The slot group's v1 TCP charge, read through the group's open files."""
+        cgroup = self.cgroup
+        if cgroup is None or cgroup.layout.memory is None or cgroup.layout.memory_v2:
+            return None
+        path = cgroup.layout.memory / cgroup.name / TCP_USAGE_V1
+
+        def read() -> int | None:
+            try:
+                return int(cgroup.files.read(path))
+            except (OSError, ValueError):
+                return None
+
+        return read
 
     def _run_standby(self, plan: StepPlan) -> tuple[ExecOutcome, int | None] | None:
         """The step in this session's standby (the first step only), or None: run cold."""

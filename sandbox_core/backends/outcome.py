@@ -21,12 +21,8 @@ def classify(outcome: ExecOutcome, limits: Limits) -> tuple[StepStatus, str | No
         return StepStatus.CANCELLED, "cancelled"
     if outcome.flooded:
         return StepStatus.OUTPUT_FLOODED, f"wrote more than {limits.flood_kill_bytes} bytes"
-    if outcome.connections_waiting:  # acceptqueue.py
-        return StepStatus.MEMORY_EXCEEDED, (
-            "stopped while the host's TCP memory was short: the connections waiting in its"
-            " listeners, which the kernel charges to no job until accepted, could hold more"
-            f" than {d.WAITING_CONNECTIONS_BYTES // d.MIB} MB"
-        )
+    if outcome.watch_stopped:  # TCP memory the kernel let it hold past its bound
+        return StepStatus.MEMORY_EXCEEDED, outcome.stopped_why
     if outcome.timed_out:
         return StepStatus.TIMED_OUT, f"wall-clock limit of {limits.timeout_s:g}s reached"
     # The kernel signals a process once its CPU time passes the limit, as counted in

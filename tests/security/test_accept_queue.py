@@ -1,4 +1,4 @@
-"""Connections waiting to be accepted: charged to no cgroup, so watched (acceptqueue.py).
+"""Connections waiting to be accepted: charged to no cgroup, so watched (tcpwatch.py).
 
 The attack: listen with the largest receive buffer the host allows, connect to itself,
 fill each connection, reset its own end, never accept. The kernel keeps the data until
@@ -18,8 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_core import Status, StepStatus
-from sandbox_core import acceptqueue as aq
+from sandbox_core import Status, StepStatus, parse_spec
+from sandbox_core import defaults as d
+from sandbox_core import tcpwatch as aq
+from tests.conftest import require
+from tests.security.conftest import make_backend
+from tests.security.helpers import backend_kind
 
 # Fills connections that wait in its listeners until the host's TCP memory reaches GOAL
 # pages (or it has made 4,096); prints how many and what the host's TCP memory grew by.
@@ -51,6 +55,49 @@ while pages() < goal and waiting < 4096:
 print(waiting, pages() - start, flush=True)
 time.sleep(1)
 """
+# PROCS processes each fill a connection while it waits, reset its client, then accept
+# it and keep it, one at a time (so at most PROCS wait at once), until the host's TCP
+# memory has grown by GROW_MB or each holds 240; prints how much it grew by at the most.
+FILLS_THEN_ACCEPTS = """
+import os, socket, struct, time
+def pages():
+    for line in open("/proc/net/sockstat"):
+        if line.startswith("TCP:"):
+            f = line.split(); return int(f[f.index("mem") + 1])
+start = pages(); goal = start + (int(os.environ["GROW_MB"]) << 20) // 4096
+data = b"x" * 65536
+def fill(c):
+    idle = 0
+    while idle < 3:
+        try:
+            while True:
+                c.send(data); idle = 0
+        except BlockingIOError:
+            idle += 1; time.sleep(0.001)
+def hold():
+    kept = []
+    while pages() < goal and len(kept) < 240:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 30)
+        srv.bind(("127.0.0.1", 0)); srv.listen(1)
+        c = socket.create_connection(srv.getsockname()); c.setblocking(False)
+        fill(c)
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); c.close()
+        kept.append(srv.accept()[0]); srv.close()  # charged now, past any limit
+    time.sleep(2)
+kids = []
+for _ in range(int(os.environ["PROCS"])):
+    pid = os.fork()
+    if pid == 0:
+        hold(); os._exit(0)
+    kids.append(pid)
+peak = start
+while any(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in kids):
+    peak = max(peak, pages()); time.sleep(0.02)
+print((peak - start) * 4096 >> 20)
+"""
+FILL_THEN_ACCEPT = {"PROCS": "4", "GROW_MB": "512"}
+SLOT = 242  # a slot of its own: the job follows another in it (out of the other tests' way)
 
 
 def _tcp_mem() -> list[int]:
@@ -96,11 +143,12 @@ def goal() -> Iterator[dict[str, str]]:
     assert _settled(low) < low, "the host's TCP memory stayed high after the test"
 
 
-def test_connections_waiting_to_be_accepted_are_bounded(run, goal, tmp_path):
+def test_connections_waiting_to_be_accepted_are_bounded(backend, goal, tmp_path):
     """A default job held ~1.6 GB of the host's TCP memory in connections it never
     accepted, on every backend, against its own TCP bound of 64 MiB (an attack review):
     two such jobs stall every TCP connection on the host. Now it is stopped once the
-    host's TCP memory is past tcp_mem[0], long before the kernel's pressure mark."""
+    host's TCP memory is past tcp_mem[0], long before the kernel's pressure mark. It runs
+    as the farm runs jobs: after another job in the slot, in the standby made there."""
     script = tmp_path / "hold.py"
     script.write_text(HOLDS_WAITING_CONNECTIONS)
     bare = subprocess.run(
@@ -116,8 +164,18 @@ def test_connections_waiting_to_be_accepted_are_bounded(run, goal, tmp_path):
     assert aq.host_tcp_pages() < low  # the bare run's listeners are closed
     assert grew > low // 2 and waiting < 4096, bare.stdout  # the attack works unconfined
     _settled(low // 2)
-    with PeakTcpPages() as host:
-        result = run(code=HOLDS_WAITING_CONNECTIONS, env=goal, limits={"timeout_s": 120})
+    kind = backend_kind(backend)
+    sandbox = make_backend(kind, slot=SLOT, **({} if kind == "docker" else {"prewarm": True}))
+    try:
+        first = sandbox.run(parse_spec({"code": "print(1)"}))
+        with PeakTcpPages() as host:
+            spec = {"code": HOLDS_WAITING_CONNECTIONS, "env": goal, "limits": {"timeout_s": 120}}
+            result = sandbox.run(parse_spec(spec))
+    finally:
+        sandbox.close()
+    assert first.status == Status.SUCCEEDED, first
+    if kind != "docker":  # docker's warm and cold steps share one supervised exec
+        assert result.timings.phases.prewarmed, result.timings.phases  # the farm's path
     assert result.status == Status.MEMORY_EXCEEDED, result
     step = result.steps[0]
     assert step.status == StepStatus.MEMORY_EXCEEDED, step
@@ -150,3 +208,62 @@ print(got)
     result = run(code=code, limits={"timeout_s": 60})
     assert result.status == Status.SUCCEEDED, result
     assert result.steps[0].stdout == "100\n"
+
+
+@pytest.fixture
+def under_a_tcp_limit(tmp_path: Path) -> Iterator[Path]:
+    """A script that runs FILLS_THEN_ACCEPTS under a cgroup v1 TCP limit of
+    TCP_BUFFERS_BYTES, as a job's, with no watch (the group removed after)."""
+    require(os.geteuid() == 0, "needs root: a memory cgroup")
+    memory = Path("/sys/fs/cgroup/memory")
+    if not (memory / "memory.kmem.tcp.limit_in_bytes").exists():
+        pytest.skip("cgroup v1's TCP limit only: v2 charges socket buffers to memory.max")
+    group = memory / f"sandfarm-test-accept-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    (group / "memory.kmem.tcp.limit_in_bytes").write_text(str(d.TCP_BUFFERS_BYTES))
+    script = tmp_path / "fill_then_accept.py"
+    script.write_text(
+        f"open('{group}/cgroup.procs', 'w').write(str(__import__('os').getpid()))\n"
+        + FILLS_THEN_ACCEPTS
+    )
+    try:
+        yield group
+    finally:
+        for _ in range(50):  # its sockets close as its processes go
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+
+
+def test_connections_accepted_after_they_fill_are_stopped_past_the_bound(
+    run, under_a_tcp_limit, tmp_path
+):
+    """The kernel charges a connection at accept() whatever the job's TCP limit: a job
+    that filled each connection while it waited, then accepted it, held ~1.6 GB charged
+    to its bound of 64 MiB, on every backend, with no more than 8 waiting at once (a
+    review of the watch on waiting connections). Its charge is now read at every check:
+    past the bound by TCP_OVERSHOOT_BYTES, the step is stopped."""
+    script = tmp_path / "fill_then_accept.py"
+    bare = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **FILL_THEN_ACCEPT},
+    )
+    assert bare.returncode == 0, bare
+    charged = int((under_a_tcp_limit / "memory.kmem.tcp.max_usage_in_bytes").read_text())
+    assert charged > 4 * d.TCP_BUFFERS_BYTES, charged  # the attack: charged past the limit
+    assert int(bare.stdout) > 4 * d.TCP_BUFFERS_BYTES >> 20, bare.stdout
+    low = _tcp_mem()[0]
+    before = _settled(low // 2)
+    with PeakTcpPages() as host:
+        result = run(code=FILLS_THEN_ACCEPTS, env=FILL_THEN_ACCEPT, limits={"timeout_s": 120})
+    assert result.status == Status.MEMORY_EXCEEDED, result
+    assert "its TCP buffers reached" in result.message, result.message
+    bound = d.TCP_BUFFERS_BYTES + d.TCP_OVERSHOOT_BYTES
+    held = (host.peak - before) * 4096
+    assert bound < held < 2 * bound, (held, bound)  # stopped within a check of the bound
+    assert _settled(low // 2) < low // 2  # what it held is freed with its sandbox

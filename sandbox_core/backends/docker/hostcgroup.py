@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sandbox_core.cgroupfiles import oom_file, read_oom_kills
-from sandbox_core.cgroups import CGROUP_ROOT, TCP_LIMIT_V1, tcp_buffers_limit
+from sandbox_core.cgroups import CGROUP_ROOT, TCP_LIMIT_V1, TCP_USAGE_V1, tcp_buffers_limit
 
 
 class ContainerCgroup:
@@ -53,6 +53,13 @@ class ContainerCgroup:
             if path.exists():
                 path.write_text(str(tcp_buffers_limit(memory_bytes)))
                 return
+
+    def tcp_bytes(self) -> int | None:
+        """The container's TCP buffers now: v1's charge (None on v2, or once it is gone)."""
+        for path in self._files("memory", TCP_USAGE_V1, TCP_USAGE_V1):
+            with contextlib.suppress(OSError, ValueError):
+                return int(path.read_bytes())
+        return None
 
     def oom_kills(self) -> int:
         """The container's memory cgroup OOM-kill count."""

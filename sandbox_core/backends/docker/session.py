@@ -13,7 +13,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandbox_core import defaults as d
-from sandbox_core.acceptqueue import AcceptQueueWatch, rows_of_process
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
@@ -21,10 +20,12 @@ from sandbox_core.backends.docker.launcher import Launcher, LauncherGone, feed_s
 from sandbox_core.backends.docker.stream import STDERR, STDOUT, FrameDemux
 from sandbox_core.backends.docker.transfer import FileTransfer
 from sandbox_core.backends.steps import clean_environment, inline_argv, script_argv, source_of
+from sandbox_core.cgroups import tcp_buffers_limit
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, Limits
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome, Supervisor, signal_from_init_status
 from sandbox_core.sweep import kill_until_gone, process_uids_of
+from sandbox_core.tcpwatch import TcpWatch, rows_of_process
 
 if TYPE_CHECKING:
     from sandbox_core.backends.docker.backend import DockerBackend
@@ -95,7 +96,7 @@ class DockerSession(Session):
         cancel: threading.Event | None = None,
         env: dict[str, str] | None = None,
         launcher: Launcher | None = None,
-        watch: AcceptQueueWatch | None = None,
+        watch: TcpWatch | None = None,
     ) -> ExecOutcome:
         out = ExecOutcome.for_limits(limits)
         started = time.monotonic()
@@ -117,7 +118,7 @@ class DockerSession(Session):
                 feeder.join(_FEEDER_JOIN_S)
             if feeder is None or not feeder.is_alive():
                 raw.close()  # else left open: a live feeder's fd is never reused
-        if out.timed_out or out.flooded or out.cancelled or out.connections_waiting:
+        if out.timed_out or out.flooded or out.cancelled or out.watch_stopped:
             self.kill()
         out.duration_ms = (time.monotonic() - started) * 1000 - out.spawn_ms
         info = None if self.dead else self._inspect(exec_id)
@@ -258,13 +259,12 @@ class DockerSession(Session):
         if files:
             self.files.put(files)  # one tar stream, one exec
 
-    def _listener_rows(self) -> list[str]:
-        """Listener rows of the container's namespace, through any process of it
-        (AcceptQueueWatch counts only the job uid's listeners in them)."""
+    def _listener_rows(self) -> list[str] | None:
+        """Listener rows of the container's namespace, through the first of its processes
+        still there (TcpWatch counts only the job uid's listeners in them)."""
         for pid in self.cgroup.pids() or []:
-            rows = rows_of_process(pid)
-            if rows is not None:
-                return rows
+            with contextlib.suppress(OSError):
+                return rows_of_process(pid)
         return []
 
     def _sweep(self) -> None:
@@ -326,7 +326,12 @@ class DockerSession(Session):
             cancel=cancel,
             env=env,
             launcher=launcher,
-            watch=AcceptQueueWatch(self.uid, self._listener_rows),
+            watch=TcpWatch(
+                self.uid,
+                self._listener_rows,
+                self.cgroup.tcp_bytes,
+                tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB),
+            ),
         )
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count; 0 where the cgroup went with the container (killed)

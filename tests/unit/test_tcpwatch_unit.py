@@ -1,10 +1,13 @@
-"""Counting the connections waiting in a job's listeners (sandbox_core/acceptqueue.py)."""
+"""Counting the connections waiting in a job's listeners (sandbox_core/tcpwatch.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox_core import acceptqueue as aq
+import pytest
+
+from sandbox_core import defaults as d
+from sandbox_core import tcpwatch as aq
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
 TCP = HEADER + (
@@ -32,6 +35,27 @@ def test_waiting_connections_are_counted_by_the_listeners_uid(tmp_path: Path) ->
     assert aq.waiting_connections(rows, 0) == 5
 
 
-def test_a_gone_process_has_no_rows() -> None:
-    assert aq.rows_of_process(2**22 + 1) is None  # past pid_max
+def test_a_gone_process_raises_and_many_listeners_are_not_read(tmp_path: Path) -> None:
+    """More listener rows than the watch reads is no count: None (the job is stopped if
+    the host is short), never a partial count read as small."""
+    with pytest.raises(OSError):
+        aq.rows_of_process(2**22 + 1)  # past pid_max
     assert isinstance(aq.rows_here(), list)
+    row = TCP.splitlines()[1] + "\n"
+    (tmp_path / "tcp").write_text(HEADER + row * 1024)
+    (tmp_path / "tcp6").write_text(HEADER)
+    assert len(aq.listener_rows(str(tmp_path)) or []) == 1024
+    (tmp_path / "tcp").write_text(HEADER + row * 1025)
+    assert aq.listener_rows(str(tmp_path)) is None
+
+
+def test_the_watch_stops_a_charge_past_the_bound_at_any_time() -> None:
+    """The job's own TCP charge is read at every check, the host short of memory or not;
+    up to the bound and its overshoot it runs on."""
+    used = [d.TCP_BUFFERS_BYTES + d.TCP_OVERSHOOT_BYTES]
+    watch = aq.TcpWatch(None, None, lambda: used[0], d.TCP_BUFFERS_BYTES, every_s=0.0)
+    assert watch() is None
+    used[0] += d.MIB
+    why = watch()
+    assert why is not None and why.startswith("its TCP buffers reached 129 MB"), why
+    assert "past its bound of 64 MB" in why
