@@ -43,9 +43,8 @@ LOOPBACK_PACKET_BYTES = 8 * 1024
 # TCP memory the kernel lets a job hold past that bound (tcpwatch.py), checked every
 # TCP_WATCH_S of a step: its TCP charge past TCP_BUFFERS_BYTES by more than
 # TCP_OVERSHOOT_BYTES (connections accepted after they filled are charged past any
-# limit) stops it; so, while the host's TCP memory is above tcp_mem[0], do connections
-# waiting in its listeners (charged to no cgroup) that could hold more than
-# WAITING_CONNECTIONS_BYTES.
+# limit) stops it; so do connections waiting in its listeners (charged to no cgroup)
+# that could hold more than WAITING_CONNECTIONS_BYTES.
 TCP_OVERSHOOT_BYTES = 64 * MIB
 WAITING_CONNECTIONS_BYTES = 128 * MIB
 TCP_WATCH_S = 0.1

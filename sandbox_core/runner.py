@@ -6,6 +6,7 @@ loop over the engine's stream, on the same rules)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import selectors
 import subprocess
@@ -98,8 +99,10 @@ class Supervisor:
         None: supervision is over, stop reading."""
         now = time.monotonic()
         if self._drain_until is not None:
+            if not self.killed and self._watch_says_stop():  # leftovers are watched too
+                return self.next_wait(poll_s)
             if now < self._drain_until:
-                return _capped(self._drain_until - now, poll_s)
+                return _capped(min(self._drain_until - now, self._watch_every()), poll_s)
             if self.killed:
                 return None
             self._end_leftovers()  # exited; its leftovers had their drain
@@ -111,16 +114,23 @@ class Supervisor:
         if self.cancel is not None and self.cancel.is_set():
             self.stop("cancelled")
             return self.next_wait(poll_s)
-        if self.watch is not None and (why := self.watch()):
-            self.out.stopped_why = why
-            self.stop("watch_stopped")
+        if self._watch_says_stop():
             return self.next_wait(poll_s)
-        wait = self.deadline - now
+        wait = min(self.deadline - now, self._watch_every())
         if self.cancel is not None:
             wait = min(wait, 0.05)
-        if self.watch is not None:
-            wait = min(wait, self.watch.every_s)
         return _capped(wait, poll_s)
+
+    def _watch_says_stop(self) -> bool:
+        """Ask the watch; if it gives a reason, stop the step for it."""
+        if self.watch is None or not (why := self.watch()):
+            return False
+        self.out.stopped_why = why
+        self.stop("watch_stopped")
+        return True
+
+    def _watch_every(self) -> float:
+        return math.inf if self.watch is None else self.watch.every_s
 
     @property
     def draining(self) -> bool:

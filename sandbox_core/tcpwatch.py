@@ -14,124 +14,72 @@ but the kernel charges two kinds past any limit (attack reviews, 2026-12-05):
 
 No count the kernel keeps bounds them: a namespace's ``somaxconn`` bounds one listener,
 not how many; conntrack forgets a reset connection, whose data the kernel still holds.
-So each step is watched, every ``defaults.TCP_WATCH_S``:
+So each step is watched, every ``defaults.TCP_WATCH_S``, its leftovers' last moments
+too:
 
 - its TCP charge (v1's ``memory.kmem.tcp.usage_in_bytes``, one read) past its bound by
   more than ``defaults.TCP_OVERSHOOT_BYTES`` stops it;
-- while the host's TCP memory is above the kernel's pressure-free mark (``tcp_mem[0]``),
-  so are connections waiting in its uid's listeners that could together hold more than
-  ``defaults.WAITING_CONNECTIONS_BYTES``: a listener's row in ``/proc/net/tcp`` counts
-  its accept queue, reset connections included. The tables are read only then, and
-  only so far: more listeners than that stop the job too.
+- so do connections waiting in its uid's listeners that could hold more than
+  ``defaults.WAITING_CONNECTIONS_BYTES``: each listener's queue length times its receive
+  buffer, which each waiting connection inherited (sockdiag.py, ~0.17 ms a check); and
+  more than ``_MOST_LISTENERS`` listeners in a namespace of its own, too many to read.
+
+Each figure is the job's own: another tenant's jobs never make it stop.
 """
 
 from __future__ import annotations
 
-import functools
+import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from sandbox_core import defaults as d
 from sandbox_core.childsetup import in_own_thread, join_network_namespace
+from sandbox_core.sockdiag import Listener, listeners
 
-_LISTEN = "0A"  # a socket's state in /proc/net/tcp{,6}
-_TABLES = ("tcp", "tcp6")
-# What one waiting connection may hold past its receive buffer: the packet the kernel
+# What a waiting connection may hold past its receive buffer: the packet the kernel
 # queues past any bound (loopback's usual 64 KiB; a network job's interface may be any).
 _PACKET_SLACK_BYTES = 64 * d.KIB
-# Listener rows read at most, a table: the kernel walks a table's bucket from its start
-# again at each ~4 KiB read, so many listeners on one port cost the worker quadratic time
-# (a review: 200 ms a check with 15,500; 8,000 took 34 ms here, the first 1,024 1.2 ms).
-_MAX_LISTENER_ROWS = 1024
+# Listeners read at most, a check: a dump resumes at a hash bucket's start, so 15,500
+# listeners on one port took 65 ms to read here, the first 1,024 4 ms.
+_MOST_LISTENERS = 1024
 
-Rows = Callable[[], list[str] | None]  # None: too many listeners to read
+Listeners = Callable[[], list[Listener] | None]  # None: more than _MOST_LISTENERS
 Usage = Callable[[], int | None]
 
 
-def host_tcp_pages() -> int:
-    """The host's TCP buffer memory in pages (every network namespace's, as tcp_mem)."""
-    for line in Path("/proc/net/sockstat").read_text().splitlines():
-        if line.startswith("TCP:"):
-            fields = line.split()
-            return int(fields[fields.index("mem") + 1])
-    return 0
+def waiting_bytes(found: list[Listener], uid: int) -> tuple[int, int]:
+    """(connections, bytes they could hold) waiting in ``uid``'s listeners."""
+    mine = [listener for listener in found if listener.uid == uid]
+    waiting = sum(listener.waiting for listener in mine)
+    most = sum(one.waiting * (one.receive_buffer + _PACKET_SLACK_BYTES) for one in mine)
+    return waiting, most
 
 
-def _sysctl_ints(name: str) -> list[int]:
-    return [int(v) for v in Path("/proc/sys", name).read_text().split()]
-
-
-@functools.cache
-def pressure_free_pages() -> int | None:
-    """``tcp_mem[0]``: below it the kernel puts no pressure on any socket's buffers
-    (read once a process). None where it cannot be read: a worker in a network namespace
-    of its own does not see it, and its jobs' waiting connections go unwatched."""
-    try:
-        return _sysctl_ints("net/ipv4/tcp_mem")[0]
-    except OSError:
-        return None
-
-
-@functools.cache
-def most_one_connection_holds() -> int:
-    """The bytes one connection waiting to be accepted can hold at most (read once a
-    process): its listener's receive buffer (``SO_RCVBUF`` gives up to twice
-    ``rmem_max``, which a job's namespace copies from the host's) and a packet."""
-    largest = max(2 * _sysctl_ints("net/core/rmem_max")[0], _sysctl_ints("net/ipv4/tcp_rmem")[1])
-    return largest + _PACKET_SLACK_BYTES
-
-
-def waiting_connections(rows: list[str], uid: int) -> int:
-    """Connections in the accept queues of ``uid``'s listeners, in ``rows`` of
-    /proc/net/tcp or tcp6 (a listener's rx_queue is its accept queue's length)."""
-    count = 0
-    for row in rows:
-        fields = row.split()
-        if len(fields) > 7 and fields[3] == _LISTEN and fields[7] == str(uid):
-            count += int(fields[4].partition(":")[2], 16)
-    return count
-
-
-def listener_rows(net_dir: str) -> list[str] | None:
-    """The listeners' rows of ``net_dir``/tcp and tcp6, or None if either holds more than
-    ``_MAX_LISTENER_ROWS``. The kernel lists every listener before any other socket, so
-    a job's connections after them are never read."""
-    rows: list[str] = []
-    for name in _TABLES:
-        with open(f"{net_dir}/{name}", encoding="ascii", errors="replace") as table:
-            next(table, None)  # the header
-            for count, row in enumerate(table):
-                fields = row.split(maxsplit=4)
-                if len(fields) < 4 or fields[3] != _LISTEN:
-                    break
-                if count == _MAX_LISTENER_ROWS:
-                    return None
-                rows.append(row)
-    return rows
-
-
-def rows_in_namespace(netns_fd: int) -> list[str] | None:
-    """Listener rows of the network namespace ``netns_fd`` (read from a thread of our
+def listeners_in_namespace(netns_fd: int) -> list[Listener] | None:
+    """The listeners of the network namespace ``netns_fd`` (read from a thread of our
     own that joins it and ends: no other thread of ours is ever in it)."""
 
-    def read() -> list[str] | None:
+    def read() -> list[Listener] | None:
         join_network_namespace(netns_fd)
-        return listener_rows("/proc/thread-self/net")
+        return listeners(_MOST_LISTENERS)
 
     return in_own_thread(read)
 
 
-def rows_of_process(pid: int) -> list[str] | None:
-    """Listener rows of the network namespace ``pid`` is in (raises OSError once the
-    process is gone)."""
-    return listener_rows(f"/proc/{pid}/net")
+def listeners_of_process(pid: int) -> list[Listener] | None:
+    """The listeners of the network namespace ``pid`` is in (OSError once it is gone)."""
+    netns_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return listeners_in_namespace(netns_fd)
+    finally:
+        os.close(netns_fd)
 
 
-def rows_here() -> list[str] | None:
-    """Listener rows of this process's own namespace (a network job on L1/L2 shares the
-    host's: its uid tells its listeners from everyone else's)."""
-    return listener_rows("/proc/self/net")
+def listeners_here() -> list[Listener] | None:
+    """The listeners of this process's own namespace: a network job on L1/L2 shares the
+    host's, and its uid tells its listeners from everyone else's."""
+    return listeners(_MOST_LISTENERS)
 
 
 class TcpWatch:
@@ -140,15 +88,17 @@ class TcpWatch:
     def __init__(
         self,
         uid: int | None,
-        rows: Rows | None,
+        found: Listeners | None,
         usage: Usage,
         bound_bytes: int,
+        own_namespace: bool = True,
         every_s: float = d.TCP_WATCH_S,
     ) -> None:
         self.uid = uid  # None: waiting connections are not watched (not ours to read)
-        self.rows = rows
+        self.found = found
         self.usage = usage
         self.bound_bytes = bound_bytes
+        self.own_namespace = own_namespace  # False: the host's, where others listen too
         self.every_s = every_s
         self.next_check = time.monotonic() + every_s  # a short step is never read
 
@@ -170,18 +120,18 @@ class TcpWatch:
         )
 
     def _waiting(self) -> str | None:
-        mark = pressure_free_pages()
-        if self.uid is None or self.rows is None or mark is None or host_tcp_pages() <= mark:
+        if self.uid is None or self.found is None:
             return None
-        short = "stopped while the host's TCP memory was short:"
-        rows = self.rows()
-        if rows is None:
-            return f"{short} it had more listening sockets than the farm reads at once"
-        waiting = waiting_connections(rows, self.uid)
-        if waiting * most_one_connection_holds() <= d.WAITING_CONNECTIONS_BYTES:
+        found = self.found()
+        if found is None:  # too many to read: in the host's namespace, not its doing
+            if not self.own_namespace:
+                return None
+            return f"it had more than {_MOST_LISTENERS} listening TCP sockets"
+        waiting, most = waiting_bytes(found, self.uid)
+        if most <= d.WAITING_CONNECTIONS_BYTES:
             return None
         return (
-            f"{short} the {waiting} connections waiting in its listeners, which the kernel"
-            " charges to no job until accepted, could hold more than"
-            f" {d.WAITING_CONNECTIONS_BYTES // d.MIB} MB"
+            f"the {waiting} connections waiting in its listeners, which the kernel charges"
+            f" to no job until accepted, could hold {most // d.MIB} MB, more than the"
+            f" {d.WAITING_CONNECTIONS_BYTES // d.MIB} MB allowed"
         )

@@ -31,7 +31,7 @@ from sandbox_core.runner import (
     supervise,
 )
 from sandbox_core.sweep import reap_zombies_of, sweep_uid
-from sandbox_core.tcpwatch import TcpWatch, rows_here, rows_in_namespace
+from sandbox_core.tcpwatch import TcpWatch, listeners_here, listeners_in_namespace
 from sandbox_core.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -237,17 +237,18 @@ class LocalSession(Session):
         tcpwatch.py): its slot group's v1 TCP charge, and its listeners by the slot's uid
         (not where the job has no uid of its own, or runs in a namespace the sandbox makes
         itself, without root: not ours to join)."""
-        uid, rows = self.slot.uid, None
+        uid, found = self.slot.uid, None
         if setup.netns_fd is not None:
             netns_fd = setup.netns_fd
-            rows = lambda: rows_in_namespace(netns_fd)  # noqa: E731
+            found = lambda: listeners_in_namespace(netns_fd)  # noqa: E731
         elif not setup.private_net and uid is not None:
-            rows = rows_here  # a network job: the host's namespace, told by its uid
+            found = listeners_here  # a network job: the host's namespace, told by its uid
         usage = self._tcp_usage()
-        if usage is None and rows is None:
+        if usage is None and found is None:
             return None
         bound = tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB)
-        return TcpWatch(uid, rows, usage or (lambda: None), bound)
+        own = setup.netns_fd is not None
+        return TcpWatch(uid, found, usage or (lambda: None), bound, own_namespace=own)
 
     def _tcp_usage(self) -> Callable[[], int | None] | None:
         """The slot group's v1 TCP charge, read through the group's open files."""

@@ -24,8 +24,9 @@ from sandbox_core.cgroups import tcp_buffers_limit
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, Limits
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome, Supervisor, signal_from_init_status
+from sandbox_core.sockdiag import Listener
 from sandbox_core.sweep import kill_until_gone, process_uids_of
-from sandbox_core.tcpwatch import TcpWatch, rows_of_process
+from sandbox_core.tcpwatch import TcpWatch, listeners_of_process
 
 if TYPE_CHECKING:
     from sandbox_core.backends.docker.backend import DockerBackend
@@ -259,12 +260,12 @@ class DockerSession(Session):
         if files:
             self.files.put(files)  # one tar stream, one exec
 
-    def _listener_rows(self) -> list[str] | None:
-        """Listener rows of the container's namespace, through the first of its processes
-        still there (TcpWatch counts only the job uid's listeners in them)."""
+    def _listeners(self) -> list[Listener] | None:
+        """The listeners of the container's namespace, through the first of its processes
+        still there (TcpWatch counts only the job uid's)."""
         for pid in self.cgroup.pids() or []:
             with contextlib.suppress(OSError):
-                return rows_of_process(pid)
+                return listeners_of_process(pid)
         return []
 
     def _sweep(self) -> None:
@@ -328,11 +329,12 @@ class DockerSession(Session):
             launcher=launcher,
             watch=TcpWatch(
                 self.uid,
-                self._listener_rows,
+                self._listeners,
                 self.cgroup.tcp_bytes,
                 tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB),
             ),
         )
+        self._sweep()  # now, not before the next step: leftovers run unwatched between
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count; 0 where the cgroup went with the container (killed)
         outcome.cpu_ms = max(0.0, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
