@@ -30,7 +30,7 @@ class Watch(Protocol):
     """A check a step's supervision makes at each wake (at least every ``every_s``):
     a reason ends the step (tcpwatch.TcpWatch)."""
 
-    every_s: float
+    next_check: float  # monotonic: when it next reads anything
 
     def __call__(self) -> str | None: ...
 
@@ -102,7 +102,7 @@ class Supervisor:
             if not self.killed and self._watch_says_stop():  # leftovers are watched too
                 return self.next_wait(poll_s)
             if now < self._drain_until:
-                return _capped(min(self._drain_until - now, self._watch_every()), poll_s)
+                return _capped(min(self._drain_until - now, self._watch_wait(now)), poll_s)
             if self.killed:
                 return None
             self._end_leftovers()  # exited; its leftovers had their drain
@@ -116,7 +116,7 @@ class Supervisor:
             return self.next_wait(poll_s)
         if self._watch_says_stop():
             return self.next_wait(poll_s)
-        wait = min(self.deadline - now, self._watch_every())
+        wait = min(self.deadline - now, self._watch_wait(now))
         if self.cancel is not None:
             wait = min(wait, 0.05)
         return _capped(wait, poll_s)
@@ -129,8 +129,9 @@ class Supervisor:
         self.stop("watch_stopped")
         return True
 
-    def _watch_every(self) -> float:
-        return math.inf if self.watch is None else self.watch.every_s
+    def _watch_wait(self, now: float) -> float:
+        """Until the watch's next check: a job that writes often never delays it."""
+        return math.inf if self.watch is None else max(0.0, self.watch.next_check - now)
 
     @property
     def draining(self) -> bool:

@@ -54,18 +54,19 @@ def parse(data: bytes, found: list[Listener]) -> bool:
     offset = 0
     while offset + _NLMSGHDR.size <= len(data):
         length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size:
+        if length < _NLMSGHDR.size or offset + length > len(data):
             raise OSError(errno.EPROTO, "sock_diag: a malformed message")
+        body = offset + _NLMSGHDR.size
         if kind == _NLMSG_DONE:
             return True
-        if kind == _NLMSG_ERROR:
-            (code,) = struct.unpack_from("=i", data, offset + _NLMSGHDR.size)
-            raise OSError(-code, f"sock_diag: {os.strerror(-code)}")
-        body = offset + _NLMSGHDR.size
-        *_, waiting, _, uid, _ = _MESSAGE.unpack_from(data, body)
-        found.append(
-            Listener(uid, waiting, _receive_buffer(data, body + _MESSAGE.size, offset + length))
-        )
+        if kind == _NLMSG_ERROR and length >= _NLMSGHDR.size + 4:
+            (code,) = struct.unpack_from("=i", data, body)
+            if code:  # 0 is an acknowledgement
+                raise OSError(-code, f"sock_diag: {os.strerror(-code)}")
+        elif kind == _SOCK_DIAG_BY_FAMILY and length >= _NLMSGHDR.size + _MESSAGE.size:
+            *_, waiting, _, uid, _ = _MESSAGE.unpack_from(data, body)
+            buffer = _receive_buffer(data, body + _MESSAGE.size, offset + length)
+            found.append(Listener(uid, waiting, buffer))
         offset += (length + 3) & ~3
     return False
 
@@ -75,21 +76,23 @@ def _receive_buffer(data: bytes, at: int, end: int) -> int:
         length, kind = _ATTR.unpack_from(data, at)
         if length < _ATTR.size:
             break
-        if kind == _INET_DIAG_SKMEMINFO:
+        if kind == _INET_DIAG_SKMEMINFO and length >= _ATTR.size + 4 * (_SK_MEMINFO_RCVBUF + 1):
             (value,) = struct.unpack_from("=I", data, at + _ATTR.size + 4 * _SK_MEMINFO_RCVBUF)
             return int(value)
         at += (length + 3) & ~3
     return 0
 
 
-def listeners(most: int) -> list[Listener] | None:
-    """The TCP listeners (IPv4 and IPv6) of the calling thread's network namespace, or
-    None if there are more than ``most`` (the rest is not read)."""
+def listeners(most: int) -> tuple[list[Listener], bool]:
+    """The TCP listeners (IPv4 and IPv6) of the calling thread's network namespace, at
+    most ``most`` of them, and whether that was all (the rest is not read). A kernel that
+    does not answer within a second raises TimeoutError."""
     found: list[Listener] = []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as sock:
+        sock.settimeout(1.0)
         for family in (socket.AF_INET, socket.AF_INET6):
             sock.sendto(_request(family), (0, 0))
             while not parse(sock.recv(_RECV_BYTES), found):
                 if len(found) > most:
-                    return None
-    return None if len(found) > most else found
+                    return found[:most], False
+    return found[:most], len(found) <= most

@@ -20,23 +20,30 @@ too:
 - its TCP charge (v1's ``memory.kmem.tcp.usage_in_bytes``, one read) past its bound by
   more than ``defaults.TCP_OVERSHOOT_BYTES`` stops it;
 - so do connections waiting in its uid's listeners that could hold more than
-  ``defaults.WAITING_CONNECTIONS_BYTES``: each listener's queue length times its receive
-  buffer, which each waiting connection inherited (sockdiag.py, ~0.17 ms a check); and
-  more than ``_MOST_LISTENERS`` listeners in a namespace of its own, too many to read.
+  ``defaults.WAITING_CONNECTIONS_BYTES``: each listener's queue length (sockdiag.py,
+  ~0.17 ms a check) times the most one can hold, the largest receive buffer its listener
+  could have had (a job can shrink it once they have come); and more than
+  ``_MOST_LISTENERS`` listeners, too many to read.
 
-Each figure is the job's own: another tenant's jobs never make it stop.
+Each figure is the job's own: another tenant's jobs never make it stop (but for network
+jobs on L1/L2, which share the host's namespace: see TcpWatch._waiting).
 """
 
 from __future__ import annotations
 
+import errno
+import functools
+import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from sandbox_core import defaults as d
 from sandbox_core.childsetup import in_own_thread, join_network_namespace
 from sandbox_core.sockdiag import Listener, listeners
 
+log = logging.getLogger(__name__)
 # What a waiting connection may hold past its receive buffer: the packet the kernel
 # queues past any bound (loopback's usual 64 KiB; a network job's interface may be any).
 _PACKET_SLACK_BYTES = 64 * d.KIB
@@ -44,39 +51,57 @@ _PACKET_SLACK_BYTES = 64 * d.KIB
 # listeners on one port took 65 ms to read here, the first 1,024 4 ms.
 _MOST_LISTENERS = 1024
 
-Listeners = Callable[[], list[Listener] | None]  # None: more than _MOST_LISTENERS
+Found = tuple[list[Listener], bool]  # the listeners read, and whether that was all
+Listeners = Callable[[], Found]
 Usage = Callable[[], int | None]
+
+
+@functools.cache
+def most_one_connection_holds() -> int:
+    """What one waiting connection may hold (read once a process): the largest receive
+    buffer a listener could have had when it came, twice ``rmem_max`` (which a job's
+    namespace copies from the host's), and a packet. Not the listener's buffer now: a
+    job can shrink it once its connections have come (a review)."""
+    rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    return 2 * rmem_max + _PACKET_SLACK_BYTES
 
 
 def waiting_bytes(found: list[Listener], uid: int) -> tuple[int, int]:
     """(connections, bytes they could hold) waiting in ``uid``'s listeners."""
     mine = [listener for listener in found if listener.uid == uid]
     waiting = sum(listener.waiting for listener in mine)
-    most = sum(one.waiting * (one.receive_buffer + _PACKET_SLACK_BYTES) for one in mine)
+    worst = most_one_connection_holds()
+    most = sum(one.waiting * max(worst, one.receive_buffer + _PACKET_SLACK_BYTES) for one in mine)
     return waiting, most
 
 
-def listeners_in_namespace(netns_fd: int) -> list[Listener] | None:
-    """The listeners of the network namespace ``netns_fd`` (read from a thread of our
-    own that joins it and ends: no other thread of ours is ever in it)."""
+def listeners_in_namespace(netns_fd: int) -> Found:
+    """The listeners of the network namespace ``netns_fd`` (or of the process a pidfd
+    names), read from a thread of our own that joins it and ends: no other thread of
+    ours is ever in it."""
 
-    def read() -> list[Listener] | None:
+    def read() -> Found:
         join_network_namespace(netns_fd)
         return listeners(_MOST_LISTENERS)
 
     return in_own_thread(read)
 
 
-def listeners_of_process(pid: int) -> list[Listener] | None:
-    """The listeners of the network namespace ``pid`` is in (OSError once it is gone)."""
-    netns_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+def listeners_of_process(pid: int, cgroup_names: str) -> Found:
+    """The listeners of ``pid``'s network namespace, through a pidfd of it whose cgroup
+    names ``cgroup_names`` (a container's id): a pid reused since it was listed is never
+    joined. OSError once it is gone, or is not that container's."""
+    pidfd = os.pidfd_open(pid)
     try:
-        return listeners_in_namespace(netns_fd)
+        with open(f"/proc/{pid}/cgroup") as groups:
+            if cgroup_names not in groups.read():
+                raise OSError(errno.ESRCH, f"pid {pid} is not in {cgroup_names[:12]}")
+        return listeners_in_namespace(pidfd)  # setns takes a pidfd
     finally:
-        os.close(netns_fd)
+        os.close(pidfd)
 
 
-def listeners_here() -> list[Listener] | None:
+def listeners_here() -> Found:
     """The listeners of this process's own namespace: a network job on L1/L2 shares the
     host's, and its uid tells its listeners from everyone else's."""
     return listeners(_MOST_LISTENERS)
@@ -122,10 +147,14 @@ class TcpWatch:
     def _waiting(self) -> str | None:
         if self.uid is None or self.found is None:
             return None
-        found = self.found()
-        if found is None:  # too many to read: in the host's namespace, not its doing
-            if not self.own_namespace:
-                return None
+        try:
+            found, complete = self.found()
+        except OSError as exc:  # no sock_diag here: the farm's to fix, not the job's
+            log.warning("TCP watch: listeners unreadable, not watched: %s", exc)
+            self.found = None
+            return None
+        if not complete and (self.own_namespace or any(one.uid == self.uid for one in found)):
+            # in the host's namespace, only if some are its own: it may be the one
             return f"it had more than {_MOST_LISTENERS} listening TCP sockets"
         waiting, most = waiting_bytes(found, self.uid)
         if most <= d.WAITING_CONNECTIONS_BYTES:

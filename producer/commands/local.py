@@ -163,7 +163,31 @@ def _farm_checks(redis_url: str) -> list[dict[str, object]]:
         {"name": "redis password", "active": problem is None, "detail": detail},
         *_server_checks(redis_url),
         _jobs_memory_row(),
+        _waiting_connections_row(),
     ]
+
+
+WAITING_ROW = "tcp clients waiting"
+
+
+def _waiting_connections_row() -> dict[str, object]:
+    """How many connections a job may keep waiting to be accepted (sandbox_core/tcpwatch.py):
+    each counts at twice the host's rmem_max, so a large one stops ordinary servers."""
+    from sandbox_core import defaults as d
+    from sandbox_core.tcpwatch import most_one_connection_holds
+
+    fits = d.WAITING_CONNECTIONS_BYTES // most_one_connection_holds()
+    detail = (
+        f"a job may keep {fits} connections waiting to be accepted, each counted at what"
+        f" it may hold ({most_one_connection_holds() // 1024} KiB: twice"
+        " net.core.rmem_max, and a packet)"
+    )
+    if fits < 64:
+        detail += (
+            "; the kernel's default allows 273: sysctl -w net.core.rmem_max=212992"
+            " (before the workers start: each job's namespace copies it)"
+        )
+    return {"name": WAITING_ROW, "active": fits >= 64, "detail": detail}
 
 
 def _jobs_memory_row() -> dict[str, object]:

@@ -107,7 +107,7 @@ class DockerSession(Session):
         # The container is killed after the stream is shut (see below), never from
         # inside the loop; leftovers of a step that exited are swept before the next.
         supervisor = Supervisor(
-            out, limits, deadline, cancel, lambda: None, lambda: None, 0.0, watch
+            out, limits, deadline, cancel, lambda: None, lambda: None, kill_drain_s=0.0, watch=watch
         )
         try:
             self._pump(raw, exec_id, out, supervisor, early)
@@ -260,13 +260,13 @@ class DockerSession(Session):
         if files:
             self.files.put(files)  # one tar stream, one exec
 
-    def _listeners(self) -> list[Listener] | None:
+    def _listeners(self) -> tuple[list[Listener], bool]:
         """The listeners of the container's namespace, through the first of its processes
         still there (TcpWatch counts only the job uid's)."""
-        for pid in self.cgroup.pids() or []:
+        for pid in (self.cgroup.pids() or [])[:8]:  # one is enough; a few may be gone
             with contextlib.suppress(OSError):
-                return listeners_of_process(pid)
-        return []
+                return listeners_of_process(pid, self.id)
+        return [], True
 
     def _sweep(self) -> None:
         """Kill what the last step left running before the farm touches the files.
