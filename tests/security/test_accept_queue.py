@@ -23,9 +23,8 @@ from tests.conftest import require
 from tests.security.conftest import make_backend
 from tests.security.helpers import backend_kind
 
-# Fills connections that wait in its listeners until the host's TCP memory has grown by
-# GROW_MB (or it has made 4,096), then holds them; prints how many and the growth in MB.
-HOLDS_WAITING_CONNECTIONS = """
+# Both attacks: the host's TCP memory in pages, and the goal GROW_MB past where it starts.
+GROWS_BY = """
 import os, socket, struct, time
 def pages():
     for line in open("/proc/net/sockstat"):
@@ -33,6 +32,12 @@ def pages():
             f = line.split(); return int(f[f.index("mem") + 1])
 start = pages(); goal = start + (int(os.environ["GROW_MB"]) << 20) // 4096
 data = b"x" * 65536
+"""
+# Fills connections that wait in its listeners until the host's TCP memory has grown by
+# GROW_MB (or it has made 4,096), then holds them; prints how many and the growth in MB.
+HOLDS_WAITING_CONNECTIONS = (
+    GROWS_BY
+    + """
 def fill(c):
     try:
         while True:
@@ -54,17 +59,13 @@ while pages() < goal and waiting < 4096:
 print(waiting, (pages() - start) * 4096 >> 20, flush=True)
 time.sleep(1)
 """
+)
 # PROCS processes each fill a connection while it waits, reset its client, then accept
 # it and keep it, one at a time (so at most PROCS wait at once), until the host's TCP
 # memory has grown by GROW_MB or each holds 240; prints how much it grew by at the most.
-FILLS_THEN_ACCEPTS = """
-import os, socket, struct, time
-def pages():
-    for line in open("/proc/net/sockstat"):
-        if line.startswith("TCP:"):
-            f = line.split(); return int(f[f.index("mem") + 1])
-start = pages(); goal = start + (int(os.environ["GROW_MB"]) << 20) // 4096
-data = b"x" * 65536
+FILLS_THEN_ACCEPTS = (
+    GROWS_BY
+    + """
 def fill(c):
     idle = 0
     while idle < 3:
@@ -96,6 +97,7 @@ while kids:
     peak = max(peak, pages()); time.sleep(0.02)
 print((peak - start) * 4096 >> 20)
 """
+)
 FILL_THEN_ACCEPT = {"PROCS": "4", "GROW_MB": "512"}
 SLOT = 242  # a slot of its own: the job follows another in it (out of the other tests' way)
 
