@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sandbox_core import seccomp
+from sandbox_core import landlock, seccomp
 from sandbox_core.defaults import EXEC_HELPER_AUTO, MIB
 from sandbox_core.loopback import configure_loopback
 from sandbox_core.models import Limits
@@ -38,7 +38,7 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 0x4000, 0x40000
 _MNT_DETACH = 2
 # Host directories every uid may write, and /run (unix sockets of local services): a
@@ -86,7 +86,17 @@ def private_tmp(size_mb: int) -> None:
         _mount("mqueue", "/dev/mqueue", "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=invisible")
     if os.path.isdir("/sys"):  # of the job's network namespace (joined before this)
-        _mount("sysfs", "/sys", "sysfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY)
+        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        try:
+            _mount("sysfs", "/sys", "sysfs", flags | _MS_RDONLY)
+        except OSError as exc:
+            # The host's namespace (a network job): the kernel makes no second sysfs of
+            # it (EBUSY), so the host's is bound, without its submounts, read-only. It
+            # was not: network jobs on L1 failed to start.
+            if exc.errno != errno.EBUSY:
+                raise
+            _mount("/sys", "/sys", None, _MS_BIND)
+            _mount(None, "/sys", None, flags | _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
     if os.path.isdir(CGROUP_ROOT):  # every slot's counters out of view, as in bwrap, docker
         flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_RDONLY
         _mount("tmpfs", CGROUP_ROOT, "tmpfs", flags, "size=4k,mode=0555")
@@ -300,6 +310,7 @@ class ChildSetup:
     devpts_max: int | None = None  # own pty instance (needs private_tmp_mb)
     hide_under: str | None = None  # unmount other mounts there (needs private_tmp_mb) ...
     keep: str | None = None  # ... but this one (the job's own workspace)
+    landlock_scope: int = 0  # Landlock scopes, after no_new_privs (landlock.py)
     seccomp: bytes | None = None  # loaded last, just before exec
     rlimits: Sequence[tuple[int, int, int]] = ()
     uid: int | None = None
@@ -347,6 +358,8 @@ class ChildSetup:
         if self.uid is not None:
             gid = self.gid if self.gid is not None else self.uid
             argv += ["--uid", str(self.uid), "--gid", str(gid)]
+        if self.landlock_scope:
+            argv += ["--landlock-scope", str(self.landlock_scope)]
         if direct and not job_later:
             argv += ["--direct", str(direct)]
         return [*argv, "--umask", f"{self.umask:o}", "--"]
@@ -375,6 +388,8 @@ class ChildSetup:
             os.setresuid(self.uid, self.uid, self.uid)
         die_with_parent()  # after the uid change, which would clear it
         no_new_privileges()
+        if self.landlock_scope:
+            landlock.scope(self.landlock_scope)
         os.umask(self.umask)
         default_signals()
         if self.seccomp is not None:

@@ -1,12 +1,17 @@
-"""The TCP listeners of the calling thread's network namespace, through sock_diag.
+"""TCP and UDP sockets of the calling thread's network namespace, through sock_diag.
 
-For each listener: its owner's uid, how many connections wait in its accept queue
-(``idiag_rqueue`` of a listener), and its receive buffer, which each waiting connection
-inherits and may fill (``SK_MEMINFO_RCVBUF``). Used by tcpwatch.py, whose reason is in
-its docstring. sock_diag, not /proc/net/tcp: the table has no buffer sizes, and the
-kernel walks it again from a bucket's start at each 4 KiB read (15,500 listeners on one
-port cost the worker 200 ms a read, an attack review). Written out here, as
-loopback.py is: one request a family, and four fields of each answer.
+- ``listeners``: each TCP listener's owner's uid, how many connections wait in its
+  accept queue (``idiag_rqueue`` of a listener), and its receive buffer, which each
+  waiting connection inherits and may fill (``SK_MEMINFO_RCVBUF``). Used by tcpwatch.py,
+  whose reason is in its docstring.
+- ``end_sockets_of``: ends every TCP and UDP socket of a uid (``SOCK_DESTROY``),
+  whoever holds it, orphans included. Used as a network job on L1/L2 ends
+  (local_session.py says why).
+
+sock_diag, not /proc/net/tcp: the table has no buffer sizes, and the kernel walks it
+again from a bucket's start at each 4 KiB read (15,500 listeners on one port cost the
+worker 200 ms a read, an attack review). Written out here, as loopback.py is: one
+request a family, and a few fields of each answer.
 """
 
 from __future__ import annotations
@@ -15,23 +20,31 @@ import errno
 import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _NETLINK_SOCK_DIAG = 4
-_SOCK_DIAG_BY_FAMILY = 20
-_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_SOCK_DIAG_BY_FAMILY, _SOCK_DESTROY = 20, 21
+_NLM_F_REQUEST, _NLM_F_ACK, _NLM_F_DUMP = 0x1, 0x4, 0x300
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
 _TCP_LISTEN = 10
+_ALL_STATES = 0xFFFFFFFF
 _INET_DIAG_SKMEMINFO = 7
 _SK_MEMINFO_RCVBUF = 1
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
-# inet_diag_req_v2: family, protocol, extensions, pad, states, then a zero socket id
-_REQUEST = struct.Struct("=BBBxI48x")
-# inet_diag_msg: family, state, timer, retransmits, socket id (48), expires, rqueue,
-# wqueue, uid, inode
-_MESSAGE = struct.Struct("=BBBB48xIIIII")
+# inet_diag_req_v2: family, protocol, extensions, pad, states, socket id (48 bytes)
+_REQUEST = struct.Struct("=BBBxI48s")
+# inet_diag_msg: family, state, timer, retransmits, socket id (ports, addresses,
+# interface, cookie: what names it to SOCK_DESTROY), expires, rqueue, wqueue, uid, inode
+_MESSAGE = struct.Struct("=BBBB48sIIIII")
 _ATTR = struct.Struct("=HH")  # length, type
 _RECV_BYTES = 64 * 1024
+_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+# Rounds of list-and-end: a socket is named by its addresses, so one of a reuseport
+# group may be found as another of the group (ESTALE); the next round finds it again.
+_END_ROUNDS = 4
+
+Answer = Callable[[bytes, int, int], None]  # (data, body's offset, message's end)
 
 
 @dataclass(frozen=True)
@@ -41,16 +54,23 @@ class Listener:
     receive_buffer: int  # bytes, what each waiting connection inherited
 
 
-def _request(family: int) -> bytes:
-    body = _REQUEST.pack(
-        family, socket.IPPROTO_TCP, 1 << (_INET_DIAG_SKMEMINFO - 1), 1 << _TCP_LISTEN
-    )
-    flags = _NLM_F_REQUEST | _NLM_F_DUMP
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), _SOCK_DIAG_BY_FAMILY, flags, 1, 0) + body
+@dataclass(frozen=True)
+class Socket:
+    family: int
+    protocol: int
+    ident: bytes  # inet_diag_sockid, as the kernel gave it
 
 
-def parse(data: bytes, found: list[Listener]) -> bool:
-    """Add the listeners in one read of a dump to ``found``; True once it is done."""
+def _request(kind: int, family: int, protocol: int, states: int, ext: int, ident: bytes) -> bytes:
+    flags = _NLM_F_REQUEST | (_NLM_F_DUMP if kind == _SOCK_DIAG_BY_FAMILY else _NLM_F_ACK)
+    body = _REQUEST.pack(family, protocol, ext, states, ident)
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, 1, 0) + body
+
+
+def walk(data: bytes, answer: Answer) -> bool:
+    """Hand each socket's answer in one read to ``answer``; True once a dump is done.
+    Other messages are skipped; an error raises; so does a message longer than what was
+    read (it is malformed, not short)."""
     offset = 0
     while offset + _NLMSGHDR.size <= len(data):
         length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, offset)
@@ -64,11 +84,19 @@ def parse(data: bytes, found: list[Listener]) -> bool:
             if code:  # 0 is an acknowledgement
                 raise OSError(-code, f"sock_diag: {os.strerror(-code)}")
         elif kind == _SOCK_DIAG_BY_FAMILY and length >= _NLMSGHDR.size + _MESSAGE.size:
-            *_, waiting, _, uid, _ = _MESSAGE.unpack_from(data, body)
-            buffer = _receive_buffer(data, body + _MESSAGE.size, offset + length)
-            found.append(Listener(uid, waiting, buffer))
+            answer(data, body, offset + length)
         offset += (length + 3) & ~3
     return False
+
+
+def parse(data: bytes, found: list[Listener]) -> bool:
+    """Add the listeners in one read of a dump to ``found``; True once it is done."""
+
+    def answer(data: bytes, body: int, end: int) -> None:
+        *_, waiting, _, uid, _ = _MESSAGE.unpack_from(data, body)
+        found.append(Listener(uid, waiting, _receive_buffer(data, body + _MESSAGE.size, end)))
+
+    return walk(data, answer)
 
 
 def _receive_buffer(data: bytes, at: int, end: int) -> int:
@@ -83,16 +111,82 @@ def _receive_buffer(data: bytes, at: int, end: int) -> int:
     return 0
 
 
+def _netlink() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG)
+    sock.settimeout(1.0)  # a kernel that does not answer within a second: TimeoutError
+    return sock
+
+
 def listeners(most: int) -> tuple[list[Listener], bool]:
     """The TCP listeners (IPv4 and IPv6) of the calling thread's network namespace, at
-    most ``most`` of them, and whether that was all (the rest is not read). A kernel that
-    does not answer within a second raises TimeoutError."""
+    most ``most`` of them, and whether that was all (the rest is not read)."""
     found: list[Listener] = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as sock:
-        sock.settimeout(1.0)
-        for family in (socket.AF_INET, socket.AF_INET6):
-            sock.sendto(_request(family), (0, 0))
+    ext = 1 << (_INET_DIAG_SKMEMINFO - 1)
+    with _netlink() as sock:
+        for family in _FAMILIES:
+            request = _request(
+                _SOCK_DIAG_BY_FAMILY, family, socket.IPPROTO_TCP, 1 << _TCP_LISTEN, ext, bytes(48)
+            )
+            sock.sendto(request, (0, 0))
             while not parse(sock.recv(_RECV_BYTES), found):
                 if len(found) > most:
                     return found[:most], False
     return found[:most], len(found) <= most
+
+
+def sockets_of(uid: int) -> list[Socket]:
+    """Every TCP and UDP socket (IPv4 and IPv6, any state) of the calling thread's
+    namespace whose owner is ``uid``: the uid it was made with, which a socket keeps
+    wherever it is passed, and once closed while it still sends (an orphan)."""
+    found: list[Socket] = []
+    with _netlink() as sock:
+        for protocol in (socket.IPPROTO_TCP, socket.IPPROTO_UDP):
+
+            def answer(data: bytes, body: int, _end: int) -> None:
+                family, _, _, _, ident, _, _, _, owner, _ = _MESSAGE.unpack_from(data, body)
+                if owner == uid:
+                    found.append(Socket(family, protocol, ident))  # noqa: B023 (used now)
+
+            for family in _FAMILIES:
+                sock.sendto(
+                    _request(_SOCK_DIAG_BY_FAMILY, family, protocol, _ALL_STATES, 0, bytes(48)),
+                    (0, 0),
+                )
+                while not walk(sock.recv(_RECV_BYTES), answer):
+                    pass
+    return found
+
+
+def end(one: Socket) -> None:
+    """End ``one`` as the kernel's tcp_abort/udp_abort does: a reset to its peer, its
+    buffers freed. OSError ENOENT once it is gone; ESTALE if its addresses now name
+    another socket."""
+    with _netlink() as sock:
+        sock.sendto(
+            _request(_SOCK_DESTROY, one.family, one.protocol, _ALL_STATES, 0, one.ident), (0, 0)
+        )
+        walk(sock.recv(_RECV_BYTES), lambda *_: None)
+
+
+def end_sockets_of(uid: int) -> int:
+    """End every TCP and UDP socket of ``uid`` in the calling thread's namespace; how
+    many were ended. OSError where the kernel cannot (no ``CONFIG_INET_DIAG_DESTROY``:
+    EOPNOTSUPP), or some outlive every round."""
+    ended = 0
+    for _ in range(_END_ROUNDS):
+        left = sockets_of(uid)
+        if not left:
+            return ended
+        for one in left:
+            try:
+                end(one)
+                ended += 1
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ESTALE):
+                    raise
+    left = sockets_of(uid)
+    if left:
+        raise OSError(
+            errno.EBUSY, f"{len(left)} sockets of uid {uid} outlived {_END_ROUNDS} rounds"
+        )
+    return ended

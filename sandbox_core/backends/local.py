@@ -10,7 +10,7 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from sandbox_core import cgroups, slots
+from sandbox_core import cgroups, landlock, slots
 from sandbox_core import defaults as d
 from sandbox_core.backends import prewarm
 from sandbox_core.backends.base import Backend, Protection
@@ -159,6 +159,13 @@ class LocalBackend(Backend):
             ),
             self.cgroup_attach_protection(),
             Protection(
+                "unix_socket_scope",
+                landlock.scopes_abstract_unix(),
+                landlock.why_unscoped()
+                or "Landlock: no abstract Unix socket made outside the job (network jobs"
+                " share the host's namespace)",
+            ),
+            Protection(
                 "workspace_quota",
                 self.is_root,
                 "tmpfs of workspace_mb per job" if self.is_root else why_not_root,
@@ -240,5 +247,6 @@ class LocalBackend(Backend):
             ),
             uid=session.slot.uid,
             gid=session.slot.gid,
+            landlock_scope=landlock.SCOPE_ABSTRACT_UNIX_SOCKET * landlock.scopes_abstract_unix(),
             **more,
         )

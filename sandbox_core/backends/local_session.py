@@ -30,7 +30,7 @@ from sandbox_core.runner import (
     start_process,
     supervise,
 )
-from sandbox_core.sweep import reap_zombies_of, sweep_uid
+from sandbox_core.sweep import end_sockets, reap_zombies_of, sweep_uid
 from sandbox_core.tcpwatch import TcpWatch, listeners_here, listeners_in_namespace
 from sandbox_core.workspace import Workspace
 
@@ -218,6 +218,8 @@ class LocalSession(Session):
             self.clean = True
             if self.slot.uid is not None:
                 reap_zombies_of(self.slot.uid)
+                if setup.netns_fd is None and not setup.private_net:
+                    end_sockets(self.slot.uid)  # the host's namespace: its sockets die too
             record = _read_all(status_fd) if status_fd is not None else None
         if record:
             # Our init's word on the job (else it was killed with the sandbox on a

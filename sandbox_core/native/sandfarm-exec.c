@@ -4,12 +4,13 @@
  * subprocess to fork() the whole worker and run Python between fork and exec; with this
  * helper the worker can vfork()+exec at once and the setup runs here, in this order:
  * join cgroups, join the network namespace, rlimits, drop to the slot uid, parent-death
- * signal, no_new_privs, umask, exec.
+ * signal, no_new_privs, Landlock scopes, umask, exec.
  *
  * usage: sandfarm-exec [--cgroup FILE]... [--netns-fd FD] [--private-tmp SIZE_MB
  *                      [--devpts MAX] [--hide-under DIR --keep DIR]]
  *                      [--rlimit RES:SOFT:HARD]... [--uid UID --gid GID] [--umask OCTAL]
- *                      [--env-fd FD] [--seccomp-fd FD] [--direct N] -- PROGRAM ARGS...
+ *                      [--env-fd FD] [--seccomp-fd FD] [--landlock-scope BITS]
+ *                      [--direct N] -- PROGRAM ARGS...
  *        sandfarm-exec [the same setup options] --standby FD --
  *        sandfarm-exec --init STATUS_FD [--direct N] -- PROGRAM ARGS...
  *        sandfarm-exec --init STATUS_FD --standby FD --
@@ -33,6 +34,9 @@
  * "R<res>:<soft>:<hard>" (rlimits, which the job's uid can only lower), "E<KEY=VALUE>"
  * (its environment), "A<word>" (its argv), then "." and EOF. Anything else, or EOF
  * before ".", ends the standby (the worker died or gave up on it): nothing runs.
+ * --landlock-scope BITS: a Landlock domain with these scopes (LANDLOCK_SCOPE_*, Linux
+ * 6.12) and no access rights, after no_new_privs: 1, no abstract Unix socket made outside
+ * the job (sandbox_core.landlock says why).
  * --seccomp-fd: a classic BPF program (struct sock_filter[]), built by
  * sandbox_core.seccomp, loaded last, just before exec.
  * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
@@ -55,6 +59,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -122,9 +127,16 @@ static void private_tmp(const char *size_mb) {
         die("mount proc", "hidepid=invisible");
     /* A sysfs of the job's own network namespace (joined before this): the host's showed
      * the host's interfaces and counters, its loopback's the workers' traffic with Redis. */
+    unsigned long sys_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
     if (stat("/sys", &st) == 0 && S_ISDIR(st.st_mode) &&
-        mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, NULL) != 0)
-        die("mount sysfs on", "/sys");
+        mount("sysfs", "/sys", "sysfs", sys_flags | MS_RDONLY, NULL) != 0) {
+        /* The host's namespace (a network job): the kernel makes no second sysfs of it
+         * (EBUSY), so the host's is bound, without its submounts, read-only. It was
+         * not: network jobs on L1 failed to start. */
+        if (errno != EBUSY || mount("/sys", "/sys", NULL, MS_BIND, NULL) != 0 ||
+            mount(NULL, "/sys", NULL, sys_flags | MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) != 0)
+            die("mount sysfs on", "/sys");
+    }
     /* The host's cgroup tree out of view (every slot's counters: what another tenant's
      * job, or the slot's last one, used): an empty read-only tmpfs, as bwrap and docker. */
     if (stat("/sys/fs/cgroup", &st) == 0 && S_ISDIR(st.st_mode) &&
@@ -301,6 +313,24 @@ static int run_init(int status_fd, int standby_fd, unsigned long long direct, ch
     return 0;
 }
 
+#ifndef SYS_landlock_create_ruleset /* the same numbers on x86_64 and aarch64 */
+#define SYS_landlock_create_ruleset 444
+#define SYS_landlock_restrict_self 446
+#endif
+
+/* struct landlock_ruleset_attr as of Landlock ABI 6 (older headers lack scoped) */
+struct ruleset_attr {
+    unsigned long long handled_access_fs, handled_access_net, scoped;
+};
+
+static void landlock_scope(unsigned long long scoped) {
+    struct ruleset_attr attr = {0, 0, scoped};
+    long fd = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    if (fd < 0) die("landlock_create_ruleset", NULL);
+    if (syscall(SYS_landlock_restrict_self, (int)fd, 0) != 0) die("landlock_restrict_self", NULL);
+    close((int)fd);
+}
+
 static void load_seccomp(int fd) {
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter))
@@ -327,6 +357,7 @@ int main(int argc, char **argv) {
     mode_t mask = 022;
     char **job_env = NULL;
     int seccomp_fd = -1, standby_fd = -1;
+    unsigned long long scoped = 0;
     int i = 1;
     unsigned long long direct = 0;
     if (argc > 3 && strcmp(argv[1], "--init") == 0) {
@@ -386,6 +417,8 @@ int main(int argc, char **argv) {
             i += 2;
         } else if (strcmp(opt, "--seccomp-fd") == 0) {
             seccomp_fd = (int)number(val, opt);
+        } else if (strcmp(opt, "--landlock-scope") == 0) {
+            scoped = number(val, opt);
         } else if (strcmp(opt, "--env-fd") == 0) {
             job_env = read_env((int)number(val, opt));
         } else if (strcmp(opt, "--uid") == 0) {
@@ -417,6 +450,7 @@ int main(int argc, char **argv) {
     }
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) die("pdeathsig", NULL);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die("no_new_privs", NULL);
+    if (scoped) landlock_scope(scoped); /* needs no_new_privs (or CAP_SYS_ADMIN) */
     umask(mask);
     char **program = argv + i;
     if (standby_fd >= 0) { /* the sandbox is ready: now the job */

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 from pathlib import Path
 
-from sandbox_core import get_backend, parse_spec
-from sandbox_core.childsetup import find_exec_helper
+from sandbox_core import get_backend, landlock, parse_spec
+from sandbox_core.childsetup import ChildSetup, find_exec_helper
 from tests.conftest import require
 
 PROBE = """
@@ -81,3 +84,36 @@ def test_helper_and_python_setup_agree(is_root):
     assert with_helper["fds"] == "0,1,2,3,"  # 3 is ls's own: no netns or lock fd leaks
     assert int(with_helper["cgroups"]) >= 1
     assert with_helper["cgview"] == "0"  # no slot's cgroup counters in view
+
+
+def test_helper_and_python_setup_both_scope_abstract_unix_sockets(tmp_path):
+    """Each puts the job in a Landlock domain where an abstract Unix socket made outside
+    it is refused (landlock.py); without it the same program reaches the socket."""
+    require(landlock.scopes_abstract_unix(), landlock.why_unscoped() or "")
+    helper = find_exec_helper("auto")
+    require(helper is not None, "sandfarm-exec is not built (make setup compiles it)")
+    assert helper is not None
+    name = f"sandfarm-test-scope-{os.getpid()}"
+    reach = (
+        "import errno, socket\ns = socket.socket(socket.AF_UNIX)\n"
+        f"try:\n    s.connect('\\0{name}'); print('reached')\n"
+        "except OSError as exc:\n    print(errno.errorcode[exc.errno])\n"
+    )
+    program = ["/usr/bin/python3", "-c", reach]
+    scoped = ChildSetup(landlock_scope=landlock.SCOPE_ABSTRACT_UNIX_SOCKET)
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(f"\0{name}")
+        server.listen(8)
+
+        def run(argv: list[str], setup: ChildSetup | None = None) -> str:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, preexec_fn=setup, timeout=30
+            )
+            return done.stdout + done.stderr
+
+        assert run(program) == "reached\n"  # the control: unconfined, it is reached
+        assert run(program, ChildSetup()) == "reached\n"  # and with no scope asked
+        assert run(program, scoped) == "EPERM\n"
+        argv = scoped.helper_argv(helper, env_fd=None)
+        assert argv is not None and "--landlock-scope" in argv
+        assert run([*argv, *program]) == "EPERM\n"
