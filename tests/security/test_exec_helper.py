@@ -7,6 +7,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from sandbox_core import get_backend, landlock, parse_spec
 from sandbox_core.childsetup import ChildSetup, find_exec_helper
 from tests.conftest import require
@@ -86,7 +88,8 @@ def test_helper_and_python_setup_agree(is_root):
     assert with_helper["cgview"] == "0"  # no slot's cgroup counters in view
 
 
-def test_helper_and_python_setup_both_scope_abstract_unix_sockets(tmp_path):
+@pytest.mark.no_backend  # the two setups themselves, no backend
+def test_helper_and_python_setup_both_scope_abstract_unix_sockets():
     """Each puts the job in a Landlock domain where an abstract Unix socket made outside
     it is refused (landlock.py); without it the same program reaches the socket."""
     require(landlock.scopes_abstract_unix(), landlock.why_unscoped() or "")

@@ -22,7 +22,8 @@ import pytest
 from sandbox_core import JobResult, Status, landlock, parse_spec, sockdiag
 from sandbox_core.backends.base import Backend
 from tests.conftest import require
-from tests.security.conftest import bwrap_status, make_backend
+from tests.security.conftest import BACKENDS, bwrap_status, make_backend
+from tests.security.helpers import backend_kind
 
 SLOTS = (243, 244)  # two jobs at once, out of the other tests' way
 BARE_UID = 60990  # the unconfined runs: no slot's uid, no account
@@ -84,15 +85,20 @@ def _bare(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(params=["process", "bwrap"])
+# the backends whose network jobs share the host's namespace (or the fake, in tests/meta)
+SHARING = [param for param, (name, _) in BACKENDS.items() if name != "docker"]
+
+
+@pytest.fixture(params=SHARING)
 def network_backends(request: pytest.FixtureRequest) -> Iterator[list[Backend]]:
     """Two backends of one kind, each on a slot of its own, that let jobs have the host's
     network (the operator's opt-in)."""
     require(os.geteuid() == 0, "needs root: each job a uid of its own")
-    if request.param == "bwrap":
+    name, options = BACKENDS[request.param]
+    if name == "bwrap":
         ok, reason = bwrap_status()
         require(ok, reason)
-    backends = [make_backend(request.param, allow_network=True, slot=slot) for slot in SLOTS]
+    backends = [make_backend(name, **options, allow_network=True, slot=slot) for slot in SLOTS]
     yield backends
     for one in backends:
         one.close()
@@ -201,3 +207,23 @@ def test_a_network_jobs_sockets_end_with_it(network_backends, peer):
     uid, queued = (int(word) for word in result.steps[0].stdout.split())
     assert queued > 8 * 4096, queued  # it left data queued, to a peer that never reads
     assert sockdiag.sockets_of(uid) == []  # none outlived its job
+
+
+def test_a_network_job_starts_and_its_sys_is_read_only(network_backends):
+    """The host's namespace has no second sysfs (EBUSY): every network job on L1 failed
+    to start. It runs now, with the host's sysfs bound read-only and no cgroup tree in
+    view (bwrap gives a job no /sys at all)."""
+    code = """
+import os
+mounts = [line.split() for line in open("/proc/self/mountinfo")]
+sys_mounts = [m for m in mounts if m[4] == "/sys"]
+print(bool(sys_mounts) and "ro" in sys_mounts[-1][5].split(","))  # the topmost
+print(os.listdir("/sys/fs/cgroup") if os.path.isdir("/sys/fs/cgroup") else [])
+print(os.path.isdir("/sys/class/net") or not os.path.isdir("/sys"))
+"""
+    result = _run(network_backends[0], code, {})
+    assert result.status == Status.SUCCEEDED, result
+    read_only, cgroups, net = result.steps[0].stdout.splitlines()
+    assert cgroups == "[]" and net == "True"
+    kind = backend_kind(network_backends[0])
+    assert read_only == ("True" if kind == "process" else "False"), result.steps[0]
