@@ -67,6 +67,14 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
+@functools.cache
+def private_dirs() -> tuple[str, ...]:
+    """SHARED_WRITABLE_DIRS as private_tmp mounts them: each real path that is a
+    directory on this host."""
+    found = (os.path.realpath(path) for path in SHARED_WRITABLE_DIRS)
+    return tuple(dict.fromkeys(path for path in found if os.path.isdir(path)))
+
+
 def private_tmp(size_mb: int) -> None:
     """Private mount and IPC namespaces: tmpfs over SHARED_WRITABLE_DIRS, a fresh mqueue,
     a /proc showing only the job's processes, no cgroup tree. Keep in step with private_tmp() in
@@ -310,7 +318,8 @@ class ChildSetup:
     devpts_max: int | None = None  # own pty instance (needs private_tmp_mb)
     hide_under: str | None = None  # unmount other mounts there (needs private_tmp_mb) ...
     keep: str | None = None  # ... but this one (the job's own workspace)
-    landlock_scope: int = 0  # Landlock scopes, after no_new_privs (landlock.py)
+    landlock_scope: int = 0  # Landlock scopes, after no_new_privs (landlock.py) ...
+    sock_dirs: Sequence[str] = ()  # ... and where socket files may be made, if bounded
     seccomp: bytes | None = None  # loaded last, just before exec
     rlimits: Sequence[tuple[int, int, int]] = ()
     uid: int | None = None
@@ -360,6 +369,8 @@ class ChildSetup:
             argv += ["--uid", str(self.uid), "--gid", str(gid)]
         if self.landlock_scope:
             argv += ["--landlock-scope", str(self.landlock_scope)]
+        for path in self.sock_dirs:
+            argv += ["--landlock-sock-dir", path]
         if direct and not job_later:
             argv += ["--direct", str(direct)]
         return [*argv, "--umask", f"{self.umask:o}", "--"]
@@ -388,8 +399,8 @@ class ChildSetup:
             os.setresuid(self.uid, self.uid, self.uid)
         die_with_parent()  # after the uid change, which would clear it
         no_new_privileges()
-        if self.landlock_scope:
-            landlock.scope(self.landlock_scope)
+        if self.landlock_scope or self.sock_dirs:
+            landlock.restrict(self.landlock_scope, self.sock_dirs)
         os.umask(self.umask)
         default_signals()
         if self.seccomp is not None:

@@ -163,7 +163,8 @@ class LocalBackend(Backend):
                 landlock.scopes_abstract_unix(),
                 landlock.why_unscoped()
                 or "Landlock: no abstract Unix socket made outside the job (network jobs"
-                " share the host's namespace)",
+                " share the host's namespace); process jobs make socket files only in"
+                " their own directories",
             ),
             Protection(
                 "workspace_quota",

@@ -6,10 +6,10 @@ import os
 import platform
 from functools import cache, cached_property
 
-from sandbox_core import slots
+from sandbox_core import landlock, slots
 from sandbox_core.backends.base import Protection
 from sandbox_core.backends.local import Launch, LocalBackend, LocalSession, SandboxPaths
-from sandbox_core.childsetup import ChildSetup, private_network
+from sandbox_core.childsetup import ChildSetup, private_dirs, private_network
 from sandbox_core.models import JobSpec
 from sandbox_core.seccomp import job_filter
 
@@ -99,6 +99,8 @@ class ProcessBackend(LocalBackend):
             hide_under=self._hide_under,
             keep=str(session.ws.root),
             netns_fd=session.slot.network_namespace() if private_net else None,
+            # no socket file where another job may reach it (landlock.py)
+            sock_dirs=(str(session.ws.root), *private_dirs()) * landlock.bounds_socket_files(),
         )
 
     @cached_property

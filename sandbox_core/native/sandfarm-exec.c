@@ -10,7 +10,7 @@
  *                      [--devpts MAX] [--hide-under DIR --keep DIR]]
  *                      [--rlimit RES:SOFT:HARD]... [--uid UID --gid GID] [--umask OCTAL]
  *                      [--env-fd FD] [--seccomp-fd FD] [--landlock-scope BITS]
- *                      [--direct N] -- PROGRAM ARGS...
+ *                      [--landlock-sock-dir DIR]... [--direct N] -- PROGRAM ARGS...
  *        sandfarm-exec [the same setup options] --standby FD --
  *        sandfarm-exec --init STATUS_FD [--direct N] -- PROGRAM ARGS...
  *        sandfarm-exec --init STATUS_FD --standby FD --
@@ -34,9 +34,10 @@
  * "R<res>:<soft>:<hard>" (rlimits, which the job's uid can only lower), "E<KEY=VALUE>"
  * (its environment), "A<word>" (its argv), then "." and EOF. Anything else, or EOF
  * before ".", ends the standby (the worker died or gave up on it): nothing runs.
- * --landlock-scope BITS: a Landlock domain with these scopes (LANDLOCK_SCOPE_*, Linux
- * 6.12) and no access rights, after no_new_privs: 1, no abstract Unix socket made outside
- * the job (sandbox_core.landlock says why).
+ * --landlock-scope BITS, --landlock-sock-dir DIR: a Landlock domain, after no_new_privs,
+ * with these scopes (LANDLOCK_SCOPE_*, Linux 6.12; 1: no abstract Unix socket made
+ * outside the job) and, given any DIR, Unix socket files made only beneath those (as
+ * they are once --private-tmp is done): sandbox_core.landlock says why.
  * --seccomp-fd: a classic BPF program (struct sock_filter[]), built by
  * sandbox_core.seccomp, loaded last, just before exec.
  * It is started as root with an EMPTY environment (so the job's LD_PRELOAD and friends
@@ -318,15 +319,34 @@ static int run_init(int status_fd, int standby_fd, unsigned long long direct, ch
 #define SYS_landlock_restrict_self 446
 #endif
 
-/* struct landlock_ruleset_attr as of Landlock ABI 6 (older headers lack scoped) */
+#ifndef SYS_landlock_add_rule
+#define SYS_landlock_add_rule 445
+#endif
+#define LANDLOCK_MAKE_SOCK (1ULL << 9) /* LANDLOCK_ACCESS_FS_MAKE_SOCK */
+#define LANDLOCK_PATH_BENEATH 1
+#define MOST_SOCK_DIRS 8
+
+/* struct landlock_ruleset_attr as of Landlock ABI 6 (older headers lack scoped); a
+ * kernel of an older ABI takes it while scoped is 0 */
 struct ruleset_attr {
     unsigned long long handled_access_fs, handled_access_net, scoped;
 };
+struct path_beneath_attr {
+    unsigned long long allowed_access;
+    int parent_fd;
+} __attribute__((packed));
 
-static void landlock_scope(unsigned long long scoped) {
-    struct ruleset_attr attr = {0, 0, scoped};
+static void landlock_restrict(unsigned long long scoped, const char **sock_dirs, int dirs) {
+    struct ruleset_attr attr = {dirs ? LANDLOCK_MAKE_SOCK : 0, 0, scoped};
     long fd = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
     if (fd < 0) die("landlock_create_ruleset", NULL);
+    for (int k = 0; k < dirs; k++) {
+        struct path_beneath_attr rule = {LANDLOCK_MAKE_SOCK, open(sock_dirs[k], O_PATH | O_CLOEXEC)};
+        if (rule.parent_fd < 0) die("open", sock_dirs[k]);
+        if (syscall(SYS_landlock_add_rule, (int)fd, LANDLOCK_PATH_BENEATH, &rule, 0) != 0)
+            die("landlock_add_rule", sock_dirs[k]);
+        close(rule.parent_fd);
+    }
     if (syscall(SYS_landlock_restrict_self, (int)fd, 0) != 0) die("landlock_restrict_self", NULL);
     close((int)fd);
 }
@@ -358,6 +378,8 @@ int main(int argc, char **argv) {
     char **job_env = NULL;
     int seccomp_fd = -1, standby_fd = -1;
     unsigned long long scoped = 0;
+    const char *sock_dirs[MOST_SOCK_DIRS];
+    int dirs = 0;
     int i = 1;
     unsigned long long direct = 0;
     if (argc > 3 && strcmp(argv[1], "--init") == 0) {
@@ -419,6 +441,12 @@ int main(int argc, char **argv) {
             seccomp_fd = (int)number(val, opt);
         } else if (strcmp(opt, "--landlock-scope") == 0) {
             scoped = number(val, opt);
+        } else if (strcmp(opt, "--landlock-sock-dir") == 0) {
+            if (dirs == MOST_SOCK_DIRS) {
+                errno = E2BIG;
+                die("too many", opt);
+            }
+            sock_dirs[dirs++] = val;
         } else if (strcmp(opt, "--env-fd") == 0) {
             job_env = read_env((int)number(val, opt));
         } else if (strcmp(opt, "--uid") == 0) {
@@ -450,7 +478,7 @@ int main(int argc, char **argv) {
     }
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) die("pdeathsig", NULL);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die("no_new_privs", NULL);
-    if (scoped) landlock_scope(scoped); /* needs no_new_privs (or CAP_SYS_ADMIN) */
+    if (scoped || dirs) landlock_restrict(scoped, sock_dirs, dirs); /* needs no_new_privs */
     umask(mask);
     char **program = argv + i;
     if (standby_fd >= 0) { /* the sandbox is ready: now the job */

@@ -89,21 +89,32 @@ def test_helper_and_python_setup_agree(is_root):
 
 
 @pytest.mark.no_backend  # the two setups themselves, no backend
-def test_helper_and_python_setup_both_scope_abstract_unix_sockets():
-    """Each puts the job in a Landlock domain where an abstract Unix socket made outside
-    it is refused (landlock.py); without it the same program reaches the socket."""
+def test_helper_and_python_setup_both_confine_unix_sockets(tmp_path):
+    """Each puts the job in a Landlock domain (landlock.py) where an abstract Unix
+    socket made outside it is refused, and socket files are made only beneath the
+    directories given; without it the same program reaches the socket and binds both."""
     require(landlock.scopes_abstract_unix(), landlock.why_unscoped() or "")
     helper = find_exec_helper("auto")
     require(helper is not None, "sandfarm-exec is not built (make setup compiles it)")
     assert helper is not None
     name = f"sandfarm-test-scope-{os.getpid()}"
-    reach = (
-        "import errno, socket\ns = socket.socket(socket.AF_UNIX)\n"
-        f"try:\n    s.connect('\\0{name}'); print('reached')\n"
-        "except OSError as exc:\n    print(errno.errorcode[exc.errno])\n"
-    )
-    program = ["/usr/bin/python3", "-c", reach]
-    scoped = ChildSetup(landlock_scope=landlock.SCOPE_ABSTRACT_UNIX_SOCKET)
+    own, elsewhere = tmp_path / "own", tmp_path / "elsewhere"
+    own.mkdir()
+    elsewhere.mkdir()
+    program = [
+        "/usr/bin/python3",
+        "-c",
+        "import errno, os, socket, sys\n"
+        "def outcome(call, at):\n"
+        "    try:\n        call(at); return 'ok'\n"
+        "    except OSError as exc:\n        return errno.errorcode[exc.errno]\n"
+        "new = lambda: socket.socket(socket.AF_UNIX)\n"
+        f"print(outcome(new().connect, '\\0{name}'),\n"
+        "      *(outcome(new().bind, os.path.join(d, str(os.getpid()))) for d in sys.argv[1:]))\n",
+        str(own),
+        str(elsewhere),
+    ]
+    scoped = ChildSetup(landlock_scope=landlock.SCOPE_ABSTRACT_UNIX_SOCKET, sock_dirs=[str(own)])
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(f"\0{name}")
         server.listen(8)
@@ -114,9 +125,9 @@ def test_helper_and_python_setup_both_scope_abstract_unix_sockets():
             )
             return done.stdout + done.stderr
 
-        assert run(program) == "reached\n"  # the control: unconfined, it is reached
-        assert run(program, ChildSetup()) == "reached\n"  # and with no scope asked
-        assert run(program, scoped) == "EPERM\n"
+        assert run(program) == "ok ok ok\n"  # the control: unconfined, all three work
+        assert run(program, ChildSetup()) == "ok ok ok\n"  # and with nothing asked
+        assert run(program, scoped) == "EPERM ok EACCES\n"
         argv = scoped.helper_argv(helper, env_fd=None)
-        assert argv is not None and "--landlock-scope" in argv
-        assert run([*argv, *program]) == "EPERM\n"
+        assert argv is not None and "--landlock-sock-dir" in argv
+        assert run([*argv, *program]) == "EPERM ok EACCES\n"

@@ -1,7 +1,10 @@
-"""What network jobs on L1/L2 share through the host's network namespace besides the
-network the operator let them have: abstract Unix sockets, which Landlock scopes to the
-job (sandbox_core/landlock.py), and sockets that outlive the job, which end with it
-(sweep.end_sockets). Docker's network jobs each have a namespace of their own.
+"""Unix sockets two jobs could meet at to pass each other descriptors, and sockets that
+outlive a job. Network jobs on L1/L2 share the host's network namespace, and with it
+its abstract Unix sockets, which Landlock scopes to the job (sandbox_core/landlock.py);
+a process job sees the host's files, where a world-writable directory was a meeting
+point for any two jobs, so it makes socket files only in its own directories; and a
+network job's sockets end with it (sweep.end_sockets). Docker's network jobs each have
+a namespace of their own.
 
 Each test first runs its attack unconfined, as another uid: the socket is reached, the
 sockets outlive their process.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -21,7 +25,7 @@ import pytest
 
 from sandbox_core import JobResult, Status, landlock, parse_spec, sockdiag
 from sandbox_core.backends.base import Backend
-from tests.conftest import require
+from tests.conftest import job_shared_dir, require
 from tests.security.conftest import BACKENDS, bwrap_status, make_backend
 from tests.security.helpers import backend_kind
 
@@ -227,3 +231,36 @@ print(os.path.isdir("/sys/class/net") or not os.path.isdir("/sys"))
     assert cgroups == "[]" and net == "True"
     kind = backend_kind(network_backends[0])
     assert read_only == ("True" if kind == "process" else "False"), result.steps[0]
+
+
+# Binds a Unix socket file in each directory of DIRS (colon-separated); prints each
+# outcome.
+BINDS = """
+import errno, os, socket
+for at in os.environ["DIRS"].split(":"):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(os.path.join(at, "meet")); print("bound")
+    except OSError as exc:
+        print(errno.errorcode[exc.errno])
+"""
+
+
+def test_a_job_makes_socket_files_only_in_its_own_directories(run, backend):
+    """A world-writable host directory (a review found 13 a test had left, /var/crash
+    and the like on other hosts) let two process jobs running at once meet at a socket
+    file there and pass each other a TCP listener. The job still makes them in its
+    workspace and its /tmp."""
+    require(os.geteuid() == 0, "needs root: a uid of its own")
+    shared = job_shared_dir("sandfarm-meet-")
+    bare = _bare(BINDS, {"DIRS": str(shared)})
+    assert bare.stdout == "bound\n", bare  # the control: there, any uid makes one
+    assert stat.S_ISSOCK((shared / "meet").lstat().st_mode)  # for any other to connect
+    (shared / "meet").unlink()
+    result = run(code=BINDS, env={"DIRS": f"{shared}:.:/tmp"})
+    assert result.status == Status.SUCCEEDED, result
+    there, workspace, tmp = result.steps[0].stdout.split()
+    # refused on the process backend; elsewhere the directory is not in its view at all
+    expected = "EACCES" if backend_kind(backend) == "process" else "ENOENT"
+    assert (there, workspace, tmp) == (expected, "bound", "bound"), result.steps[0]
+    assert list(shared.iterdir()) == []
