@@ -41,11 +41,8 @@ _ENDED_STATES = {
     socket.IPPROTO_TCP: _ALL_STATES & ~_NOT_ENDED_TCP,
     socket.IPPROTO_UDP: _ALL_STATES,
 }
-# Where a connection waiting in an accept queue may be: established, or its client
-# done sending. Not SYN_RECV: a dump of it lists half-open requests too, in no queue.
-_WAITING_STATES = 1 << 1 | 1 << 8
 _INET_DIAG_SKMEMINFO = 7
-_SK_MEMINFO_RMEM_ALLOC, _SK_MEMINFO_RCVBUF = 0, 1
+_SK_MEMINFO_RCVBUF = 1
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port
 # inet_diag_req_v2: family, protocol, extensions, pad, states, socket id (48 bytes)
 _REQUEST = struct.Struct("=BBBxI48s")
@@ -67,29 +64,6 @@ class Listener:
     uid: int
     waiting: int  # connections in its accept queue, reset ones included
     receive_buffer: int  # bytes, what each waiting connection inherited
-    family: int = socket.AF_INET
-    port: int = 0
-    address: bytes = bytes(16)  # as bound: all zeros for any address
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A connection in some listener's accept queue that the kernel still lists: one
-    not reset (a reset one is unlisted, though its queue keeps it and its data)."""
-
-    family: int
-    port: int  # local: its listener's
-    address: bytes  # local
-    holds: int  # bytes in its receive queue (SK_MEMINFO_RMEM_ALLOC)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One read of a namespace's listeners, at most a cap of them."""
-
-    listeners: list[Listener]
-    complete: bool  # False: there were more than the cap, unread
-    waiting: list[Waiting] | None = None  # read only when asked (it walks every socket)
 
 
 @dataclass(frozen=True)
@@ -127,43 +101,23 @@ def walk(data: bytes, answer: Answer) -> bool:
     return False
 
 
-def _local(ident: bytes) -> tuple[int, bytes]:
-    """(port, address) of an inet_diag_sockid: its source port (big-endian), address."""
-    return int.from_bytes(ident[:2], "big"), ident[4:20]
-
-
 def parse(data: bytes, found: list[Listener]) -> bool:
     """Add the listeners in one read of a dump to ``found``; True once it is done."""
 
     def answer(data: bytes, body: int, end: int) -> None:
-        family, _, _, _, ident, _, waiting, _, uid, _ = _MESSAGE.unpack_from(data, body)
-        buffer = _meminfo(data, body + _MESSAGE.size, end, _SK_MEMINFO_RCVBUF)
-        found.append(Listener(uid, waiting, buffer, family, *_local(ident)))
+        *_, waiting, _, uid, _ = _MESSAGE.unpack_from(data, body)
+        found.append(Listener(uid, waiting, _receive_buffer(data, body + _MESSAGE.size, end)))
 
     return walk(data, answer)
 
 
-def parse_waiting(data: bytes, found: list[Waiting]) -> bool:
-    """Add the connections no process holds yet (no inode: in an accept queue) in one
-    read of a dump of established and close-wait ones; True once it is done."""
-
-    def answer(data: bytes, body: int, end: int) -> None:
-        family, _, _, _, ident, _, _, _, _, inode = _MESSAGE.unpack_from(data, body)
-        if inode == 0:
-            holds = _meminfo(data, body + _MESSAGE.size, end, _SK_MEMINFO_RMEM_ALLOC)
-            found.append(Waiting(family, *_local(ident), holds))
-
-    return walk(data, answer)
-
-
-def _meminfo(data: bytes, at: int, end: int, index: int) -> int:
-    """Field ``index`` (SK_MEMINFO_*) of an answer's INET_DIAG_SKMEMINFO; 0 without it."""
+def _receive_buffer(data: bytes, at: int, end: int) -> int:
     while at + _ATTR.size <= end:
         length, kind = _ATTR.unpack_from(data, at)
         if length < _ATTR.size:
             break
-        if kind == _INET_DIAG_SKMEMINFO and length >= _ATTR.size + 4 * (index + 1):
-            (value,) = struct.unpack_from("=I", data, at + _ATTR.size + 4 * index)
+        if kind == _INET_DIAG_SKMEMINFO and length >= _ATTR.size + 4 * (_SK_MEMINFO_RCVBUF + 1):
+            (value,) = struct.unpack_from("=I", data, at + _ATTR.size + 4 * _SK_MEMINFO_RCVBUF)
             return int(value)
         at += (length + 3) & ~3
     return 0
@@ -175,34 +129,21 @@ def _netlink() -> socket.socket:
     return sock
 
 
-def _ask(sock: socket.socket, family: int, states: int) -> None:
-    ext = 1 << (_INET_DIAG_SKMEMINFO - 1)
-    request = _request(_SOCK_DIAG_BY_FAMILY, family, socket.IPPROTO_TCP, states, ext, bytes(48))
-    sock.sendto(request, (0, 0))
-
-
-def listeners(most: int, with_waiting: bool = False) -> Reading:
+def listeners(most: int) -> tuple[list[Listener], bool]:
     """The TCP listeners (IPv4 and IPv6) of the calling thread's network namespace, at
-    most ``most`` of them, and whether that was all (the rest is not read).
-    ``with_waiting``: also the connections waiting in any accept queue that the kernel
-    still lists (a walk of every TCP socket: ~1.4 ms a family on a 24 GiB host)."""
+    most ``most`` of them, and whether that was all (the rest is not read)."""
     found: list[Listener] = []
+    ext = 1 << (_INET_DIAG_SKMEMINFO - 1)
     with _netlink() as sock:
         for family in _FAMILIES:
-            _ask(sock, family, 1 << _TCP_LISTEN)
+            request = _request(
+                _SOCK_DIAG_BY_FAMILY, family, socket.IPPROTO_TCP, 1 << _TCP_LISTEN, ext, bytes(48)
+            )
+            sock.sendto(request, (0, 0))
             while not parse(sock.recv(_RECV_BYTES), found):
                 if len(found) > most:
-                    return Reading(found[:most], False)
-        if len(found) > most:
-            return Reading(found[:most], False)
-        if not with_waiting:
-            return Reading(found, True)
-        waiting: list[Waiting] = []
-        for family in _FAMILIES:
-            _ask(sock, family, _WAITING_STATES)
-            while not parse_waiting(sock.recv(_RECV_BYTES), waiting):
-                pass
-    return Reading(found, True, waiting)
+                    return found[:most], False
+    return found[:most], len(found) <= most
 
 
 def sockets_of(uid: int) -> list[Socket]:

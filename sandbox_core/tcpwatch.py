@@ -22,10 +22,8 @@ too:
 - so do connections waiting in its uid's listeners that could hold more than
   ``defaults.WAITING_CONNECTIONS_BYTES``: each listener's queue length (sockdiag.py,
   ~0.17 ms a check) times the most one can hold, the largest receive buffer its listener
-  could have had (a job can shrink it once they have come). Past that, what they hold is
-  read (a walk of every TCP socket, ~3 ms, so only then): each one the kernel still
-  lists counts at what it holds, and a reset one, unlisted but still queued with its
-  data, at the most. And more than ``_MOST_LISTENERS`` listeners, too many to read.
+  could have had (a job can shrink it once they have come); and more than
+  ``_MOST_LISTENERS`` listeners, too many to read.
 
 Each figure is the job's own: another tenant's jobs never make it stop (but for network
 jobs on L1/L2, which share the host's namespace: see TcpWatch._waiting).
@@ -43,7 +41,7 @@ from pathlib import Path
 
 from sandbox_core import defaults as d
 from sandbox_core.childsetup import in_own_thread, join_network_namespace
-from sandbox_core.sockdiag import Listener, Reading, Waiting, listeners
+from sandbox_core.sockdiag import Listener, listeners
 
 log = logging.getLogger(__name__)
 # What a waiting connection may hold past its receive buffer: the packet the kernel
@@ -53,9 +51,9 @@ _PACKET_SLACK_BYTES = 64 * d.KIB
 # listeners on one port took 65 ms to read here, the first 1,024 4 ms.
 _MOST_LISTENERS = 1024
 
-Listeners = Callable[[bool], Reading]  # (with the waiting connections listed)
+Found = tuple[list[Listener], bool]  # the listeners read, and whether that was all
+Listeners = Callable[[], Found]
 Usage = Callable[[], int | None]
-_ANY_ADDRESS = bytes(16)
 
 
 @functools.cache
@@ -68,55 +66,28 @@ def most_one_connection_holds() -> int:
     return 2 * rmem_max + _PACKET_SLACK_BYTES
 
 
-def waiting_bytes(reading: Reading, uid: int) -> tuple[int, int]:
-    """(connections, bytes they could hold) waiting in ``uid``'s listeners: each at the
-    most it could hold; where the reading lists them, each listed one at what it holds
-    (``held_by_port``)."""
-    mine = [listener for listener in reading.listeners if listener.uid == uid]
+def waiting_bytes(found: list[Listener], uid: int) -> tuple[int, int]:
+    """(connections, bytes they could hold) waiting in ``uid``'s listeners."""
+    mine = [listener for listener in found if listener.uid == uid]
     waiting = sum(listener.waiting for listener in mine)
-    if reading.waiting is not None:
-        return waiting, held_by_port(mine, reading.waiting)
     worst = most_one_connection_holds()
     most = sum(one.waiting * max(worst, one.receive_buffer + _PACKET_SLACK_BYTES) for one in mine)
     return waiting, most
 
 
-def held_by_port(mine: list[Listener], listed: list[Waiting]) -> int:
-    """What the connections in ``mine``'s queues hold. Counted by port, not by listener:
-    a connection is in the queue of one listener of its family and port bound to its
-    address or to any, so no listener of a reuseport group can claim another's. Those
-    the kernel lists count at what they hold; the rest of the queues (reset ones,
-    unlisted, their data kept) at the most one could hold."""
-    by_port: dict[tuple[int, int], list[Waiting]] = {}
-    for one in listed:
-        by_port.setdefault((one.family, one.port), []).append(one)
-    groups: dict[tuple[int, int], list[Listener]] = {}
-    for listener in mine:
-        groups.setdefault((listener.family, listener.port), []).append(listener)
-    worst, total = most_one_connection_holds(), 0
-    for key, group in groups.items():
-        bound = {listener.address for listener in group}
-        ours = [
-            one for one in by_port.get(key, ()) if one.address in bound or _ANY_ADDRESS in bound
-        ]
-        unlisted = max(0, sum(listener.waiting for listener in group) - len(ours))
-        total += unlisted * worst + sum(one.holds for one in ours)
-    return total
-
-
-def listeners_in_namespace(netns_fd: int, with_waiting: bool = False) -> Reading:
+def listeners_in_namespace(netns_fd: int) -> Found:
     """The listeners of the network namespace ``netns_fd`` (or of the process a pidfd
     names), read from a thread of our own that joins it and ends: no other thread of
     ours is ever in it."""
 
-    def read() -> Reading:
+    def read() -> Found:
         join_network_namespace(netns_fd)
-        return listeners(_MOST_LISTENERS, with_waiting)
+        return listeners(_MOST_LISTENERS)
 
     return in_own_thread(read)
 
 
-def listeners_of_process(pid: int, cgroup_names: str, with_waiting: bool = False) -> Reading:
+def listeners_of_process(pid: int, cgroup_names: str) -> Found:
     """The listeners of ``pid``'s network namespace, through a pidfd of it whose cgroup
     names ``cgroup_names`` (a container's id): a pid reused since it was listed is never
     joined. OSError once it is gone, or is not that container's."""
@@ -125,15 +96,15 @@ def listeners_of_process(pid: int, cgroup_names: str, with_waiting: bool = False
         with open(f"/proc/{pid}/cgroup") as groups:
             if cgroup_names not in groups.read():
                 raise OSError(errno.ESRCH, f"pid {pid} is not in {cgroup_names[:12]}")
-        return listeners_in_namespace(pidfd, with_waiting)  # setns takes a pidfd
+        return listeners_in_namespace(pidfd)  # setns takes a pidfd
     finally:
         os.close(pidfd)
 
 
-def listeners_here(with_waiting: bool = False) -> Reading:
+def listeners_here() -> Found:
     """The listeners of this process's own namespace: a network job on L1/L2 shares the
     host's, and its uid tells its listeners from everyone else's."""
-    return listeners(_MOST_LISTENERS, with_waiting)
+    return listeners(_MOST_LISTENERS)
 
 
 class TcpWatch:
@@ -177,18 +148,15 @@ class TcpWatch:
         if self.uid is None or self.found is None:
             return None
         try:
-            reading = self.found(False)
-            mine = any(one.uid == self.uid for one in reading.listeners)
-            if not reading.complete and (self.own_namespace or mine):
-                # in the host's namespace, only if some are its own: it may be the one
-                return f"it had more than {_MOST_LISTENERS} listening TCP sockets"
-            waiting, most = waiting_bytes(reading, self.uid)
-            if most > d.WAITING_CONNECTIONS_BYTES:  # at the most: now what they hold
-                waiting, most = waiting_bytes(self.found(True), self.uid)
+            found, complete = self.found()
         except OSError as exc:  # no sock_diag here: the farm's to fix, not the job's
             log.warning("TCP watch: listeners unreadable, not watched: %s", exc)
             self.found = None
             return None
+        if not complete and (self.own_namespace or any(one.uid == self.uid for one in found)):
+            # in the host's namespace, only if some are its own: it may be the one
+            return f"it had more than {_MOST_LISTENERS} listening TCP sockets"
+        waiting, most = waiting_bytes(found, self.uid)
         if most <= d.WAITING_CONNECTIONS_BYTES:
             return None
         return (

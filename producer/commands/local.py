@@ -171,9 +171,8 @@ WAITING_ROW = "tcp clients waiting"
 
 
 def _waiting_connections_row() -> dict[str, object]:
-    """How many connections a job may keep waiting to be accepted before the watch reads
-    what they hold (sandbox_core/tcpwatch.py): each first counts at twice the host's
-    rmem_max, and a reset one always does, so a large one makes the reads frequent."""
+    """How many connections a job may keep waiting to be accepted (sandbox_core/tcpwatch.py):
+    each counts at twice the host's rmem_max, so a large one stops ordinary servers."""
     from sandbox_core import defaults as d
     from sandbox_core.tcpwatch import most_one_connection_holds
 
@@ -181,8 +180,7 @@ def _waiting_connections_row() -> dict[str, object]:
     detail = (
         f"a job may keep {fits} connections waiting to be accepted, each counted at what"
         f" it may hold ({most_one_connection_holds() // 1024} KiB: twice"
-        " net.core.rmem_max, and a packet), before each check reads what they hold"
-        " (~3 ms); reset by their clients, no more"
+        " net.core.rmem_max, and a packet)"
     )
     if fits < 64:
         detail += (

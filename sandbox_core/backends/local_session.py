@@ -242,7 +242,7 @@ class LocalSession(Session):
         uid, found = self.slot.uid, None
         if setup.netns_fd is not None:
             netns_fd = setup.netns_fd
-            found = lambda listed: listeners_in_namespace(netns_fd, listed)  # noqa: E731
+            found = lambda: listeners_in_namespace(netns_fd)  # noqa: E731
         elif not setup.private_net and uid is not None:
             found = listeners_here  # a network job: the host's namespace, told by its uid
         usage = self._tcp_usage()

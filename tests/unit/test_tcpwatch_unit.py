@@ -17,7 +17,7 @@ from sandbox_core import tcpwatch as tw
 from sandbox_core.childsetup import in_own_thread, join_network_namespace, new_network_namespace
 from sandbox_core.models import Limits
 from sandbox_core.runner import ExecOutcome, Supervisor
-from sandbox_core.sockdiag import Listener, Reading, Waiting
+from sandbox_core.sockdiag import Listener
 from tests.conftest import require
 
 
@@ -54,37 +54,9 @@ def test_waiting_connections_count_at_the_most_one_can_hold() -> None:
     rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
     assert worst == 2 * rmem_max + 64 * d.KIB
     found = [Listener(61001, 3, 1 << 40), Listener(61001, 2, 2304), Listener(0, 900, 1 << 20)]
-    waiting, most = tw.waiting_bytes(Reading(found, True), 61001)
+    waiting, most = tw.waiting_bytes(found, 61001)
     assert (waiting, most) == (5, 3 * ((1 << 40) + 64 * d.KIB) + 2 * worst)
-    assert tw.waiting_bytes(Reading(found, True), 61002) == (0, 0)
-
-
-def _at(last: int = 0) -> bytes:
-    """An IPv4 address in inet_diag's 16 bytes (0: any), for listeners and connections."""
-    return bytes([127, 0, 0, last]) + bytes(12) if last else bytes(16)
-
-
-def test_listed_waiting_connections_count_at_what_they_hold() -> None:
-    """Once listed, a connection counts at what it holds; the rest of a queue (reset
-    ones, which the kernel no longer lists but keeps) at the most. By port: a listener of
-    a reuseport group cannot claim another's, and another's address is not its own."""
-    worst = tw.most_one_connection_holds()
-    af = socket.AF_INET
-    mine = [
-        Listener(7, 40, 1 << 20, af, 8080, _at()),  # any address, a reuseport pair
-        Listener(7, 2, 1 << 20, af, 8080, _at()),
-        Listener(7, 3, 1 << 20, af, 9090, _at(1)),  # 127.0.0.1 only
-        Listener(8, 9, 1 << 20, af, 9090, _at(2)),  # another uid's, 127.0.0.2
-    ]
-    listed = [Waiting(af, 8080, _at(1), 1000) for _ in range(40)]  # 40 of the 42
-    listed += [Waiting(af, 9090, _at(2), 5000) for _ in range(9)]  # the other's
-    listed += [Waiting(af, 9090, _at(1), 7000), Waiting(socket.AF_INET6, 9090, _at(), 1)]
-    reading = Reading(mine, True, listed)
-    assert tw.waiting_bytes(reading, 7) == (45, 40 * 1000 + 2 * worst + 7000 + 2 * worst)
-    assert tw.waiting_bytes(Reading(mine, True, []), 7) == (45, 45 * worst)
-    # a group cannot hide its unlisted by listing more than its queues hold
-    crowded = Reading(mine[:1], True, listed[:40] * 2)
-    assert tw.waiting_bytes(crowded, 7) == (40, 80 * 1000)
+    assert tw.waiting_bytes(found, 61002) == (0, 0)
 
 
 def test_the_kernel_lists_a_namespaces_listeners() -> None:
@@ -102,20 +74,8 @@ def test_the_kernel_lists_a_namespaces_listeners() -> None:
         return [srv, *(socket.create_connection(srv.getsockname()) for _ in range(3))]
 
     held = in_own_thread(listen)
-    for client in held[1:]:
-        client.sendall(b"x" * 1000)
-    time.sleep(0.05)
     try:
-        reading = tw.listeners_in_namespace(netns_fd)
-        (listener,) = reading.listeners
-        assert (listener.uid, listener.waiting, listener.receive_buffer) == (0, 3, 2 * 65536)
-        assert listener.port == held[0].getsockname()[1] and listener.address[:4] == bytes(
-            [127, 0, 0, 1]
-        )
-        assert reading.complete and reading.waiting is None
-        listed = tw.listeners_in_namespace(netns_fd, with_waiting=True).waiting
-        assert listed is not None and len(listed) == 3, listed  # the unaccepted, listed
-        assert all(one.port == listener.port and 1000 <= one.holds < 65536 for one in listed)
+        assert tw.listeners_in_namespace(netns_fd) == ([Listener(0, 3, 2 * 65536)], True)
     finally:
         for sock in held:
             sock.close()
@@ -139,25 +99,19 @@ def test_the_watch_stops_waiting_connections_past_their_bound() -> None:
     own; in the host's, where other jobs listen too, only if some read are its own."""
     worst = tw.most_one_connection_holds()
     fits = d.WAITING_CONNECTIONS_BYTES // worst
-    found = [Reading([Listener(7, fits, 0)], True)]
-    listed: list[list[Waiting]] = [[]]  # what a listing of the waiting ones finds
-
-    def read(with_waiting: bool) -> Reading:
-        return Reading(found[0].listeners, found[0].complete, listed[0] if with_waiting else None)
+    found: list[tw.Found] = [([Listener(7, fits, 0)], True)]
 
     def watch_of(own: bool) -> tw.TcpWatch:
-        return tw.TcpWatch(7, read, lambda: None, d.MIB, own, every_s=0.0)
+        return tw.TcpWatch(7, lambda: found[0], lambda: None, d.MIB, own, every_s=0.0)
 
     assert watch_of(True)() is None
-    found[0] = Reading([Listener(7, fits + 1, 0), Listener(8, 10_000, 0)], True)
-    why = watch_of(True)()  # none listed: reset, each at the most
+    found[0] = ([Listener(7, fits + 1, 0), Listener(8, 10_000, 0)], True)
+    why = watch_of(True)()
     assert why is not None and why.startswith(f"the {fits + 1} connections waiting"), why
-    listed[0] = [Waiting(socket.AF_INET, 0, bytes(16), 100_000)] * (fits + 1)
-    assert watch_of(True)() is None  # a server's clients, listed: what they hold
-    found[0] = Reading([Listener(8, 0, 0)], False)
+    found[0] = ([Listener(8, 0, 0)], False)
     assert watch_of(True)() == "it had more than 1024 listening TCP sockets"
     assert watch_of(False)() is None
-    found[0] = Reading([Listener(8, 0, 0), Listener(7, 0, 0)], False)
+    found[0] = ([Listener(8, 0, 0), Listener(7, 0, 0)], False)
     assert watch_of(False)() == "it had more than 1024 listening TCP sockets"
 
 
@@ -165,7 +119,7 @@ def test_an_unreadable_namespace_leaves_the_job_running() -> None:
     """The farm's failure (no sock_diag), not the job's: logged, and not read again."""
     calls = []
 
-    def fails(with_waiting: bool) -> Reading:
+    def fails() -> tw.Found:
         calls.append(1)
         raise OSError(2, "no sock_diag")
 

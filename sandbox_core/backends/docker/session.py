@@ -24,7 +24,7 @@ from sandbox_core.cgroups import tcp_buffers_limit
 from sandbox_core.models import CollectedFile, ExecStep, JobSpec, Limits
 from sandbox_core.output import HeadTailBuffer
 from sandbox_core.runner import ExecOutcome, Supervisor, signal_from_init_status
-from sandbox_core.sockdiag import Reading
+from sandbox_core.sockdiag import Listener
 from sandbox_core.sweep import kill_until_gone, process_uids_of
 from sandbox_core.tcpwatch import TcpWatch, listeners_of_process
 
@@ -260,13 +260,13 @@ class DockerSession(Session):
         if files:
             self.files.put(files)  # one tar stream, one exec
 
-    def _listeners(self, with_waiting: bool) -> Reading:
+    def _listeners(self) -> tuple[list[Listener], bool]:
         """The listeners of the container's namespace, through the first of its processes
         still there (TcpWatch counts only the job uid's)."""
         for pid in (self.cgroup.pids() or [])[:8]:  # one is enough; a few may be gone
             with contextlib.suppress(OSError):
-                return listeners_of_process(pid, self.id, with_waiting)
-        return Reading([], True, [] if with_waiting else None)
+                return listeners_of_process(pid, self.id)
+        return [], True
 
     def _sweep(self) -> None:
         """Kill what the last step left running before the farm touches the files.
