@@ -15,9 +15,11 @@ neither. Two ways to meet, both closed here:
 - **Socket files** in a directory two jobs can write: a process job sees the host's
   files, where any world-writable directory outside its private ones (``/tmp`` and the
   like; a review found 13 a test had left) was a meeting point, network or not. With
-  ``LANDLOCK_ACCESS_FS_MAKE_SOCK`` handled (ABI 1), a job makes socket files only
-  beneath the directories given: its workspace and its private tmpfs. (bwrap shows a
-  job no writable host directory.)
+  ``LANDLOCK_ACCESS_FS_MAKE_SOCK`` handled, a job makes socket files only beneath the
+  directories given: its workspace and its private tmpfs. ``LANDLOCK_ACCESS_FS_REFER``
+  is granted everywhere (ABI 2), else a file could not move to another directory; a
+  socket file still cannot move where it could not be made. (bwrap shows a job no
+  writable host directory.)
 
 ``sandfarm doctor`` says where the kernel has neither. Applied by sandfarm-exec
 (``--landlock-scope``, ``--landlock-sock-dir``) or by ``restrict`` in the Python
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 
 SCOPE_ABSTRACT_UNIX_SOCKET = 1
 _SCOPES_FROM_ABI = 6
-_MAKE_SOCK = 1 << 9  # LANDLOCK_ACCESS_FS_MAKE_SOCK
+_MAKE_SOCK, _REFER = 1 << 9, 1 << 13  # LANDLOCK_ACCESS_FS_MAKE_SOCK, _REFER
 _PATH_BENEATH = 1
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # x86_64 and aarch64 alike
 _CREATE_RULESET_VERSION = 1
@@ -59,7 +61,10 @@ def scopes_abstract_unix() -> bool:
 
 
 def bounds_socket_files() -> bool:
-    return abi() >= 1
+    """ABI 2: a ruleset that handles any file right refuses every move or link of a file
+    to another directory (EXDEV: ``git mv`` failed, a review) unless it grants
+    ``LANDLOCK_ACCESS_FS_REFER``, which ABI 1 does not have."""
+    return abi() >= 2
 
 
 def why_unscoped() -> str | None:
@@ -79,18 +84,19 @@ def _failed(call: str) -> OSError:
 
 def restrict(scoped: int, sock_dirs: Sequence[str] = ()) -> None:
     """Put the calling process in a Landlock domain with these scopes and, given any
-    ``sock_dirs``, socket files made only beneath them (after no_new_privs). OSError
-    where the kernel refuses."""
-    handled = _MAKE_SOCK if sock_dirs else 0
+    ``sock_dirs``, socket files made only beneath them, files moved and linked anywhere
+    as before (after no_new_privs). OSError where the kernel refuses."""
+    handled = _MAKE_SOCK | _REFER if sock_dirs else 0
     attr = ctypes.create_string_buffer(_RULESET_ATTR.pack(handled, 0, scoped))
     fd = _libc.syscall(_CREATE_RULESET, attr, ctypes.c_size_t(_RULESET_ATTR.size), 0)
     if fd < 0:
         raise _failed("landlock_create_ruleset")
+    rules = [("/", _REFER)] if sock_dirs else []
     try:
-        for path in sock_dirs:
+        for path, allowed in [*rules, *((path, _MAKE_SOCK) for path in sock_dirs)]:
             parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
-                rule = ctypes.create_string_buffer(_PATH_BENEATH_ATTR.pack(_MAKE_SOCK, parent))
+                rule = ctypes.create_string_buffer(_PATH_BENEATH_ATTR.pack(allowed, parent))
                 if _libc.syscall(_ADD_RULE, ctypes.c_int(fd), _PATH_BENEATH, rule, 0) != 0:
                     raise _failed(f"landlock_add_rule {path}")
             finally:

@@ -323,6 +323,7 @@ static int run_init(int status_fd, int standby_fd, unsigned long long direct, ch
 #define SYS_landlock_add_rule 445
 #endif
 #define LANDLOCK_MAKE_SOCK (1ULL << 9) /* LANDLOCK_ACCESS_FS_MAKE_SOCK */
+#define LANDLOCK_REFER (1ULL << 13)    /* LANDLOCK_ACCESS_FS_REFER (ABI 2) */
 #define LANDLOCK_PATH_BENEATH 1
 #define MOST_SOCK_DIRS 8
 
@@ -336,17 +337,22 @@ struct path_beneath_attr {
     int parent_fd;
 } __attribute__((packed));
 
+static void landlock_rule(long ruleset, const char *dir, unsigned long long allowed) {
+    struct path_beneath_attr rule = {allowed, open(dir, O_PATH | O_CLOEXEC)};
+    if (rule.parent_fd < 0) die("open", dir);
+    if (syscall(SYS_landlock_add_rule, (int)ruleset, LANDLOCK_PATH_BENEATH, &rule, 0) != 0)
+        die("landlock_add_rule", dir);
+    close(rule.parent_fd);
+}
+
+/* Given sock_dirs, REFER is handled and granted everywhere: handling any file right
+ * refuses every move of a file to another directory otherwise (EXDEV). */
 static void landlock_restrict(unsigned long long scoped, const char **sock_dirs, int dirs) {
-    struct ruleset_attr attr = {dirs ? LANDLOCK_MAKE_SOCK : 0, 0, scoped};
+    struct ruleset_attr attr = {dirs ? LANDLOCK_MAKE_SOCK | LANDLOCK_REFER : 0, 0, scoped};
     long fd = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
     if (fd < 0) die("landlock_create_ruleset", NULL);
-    for (int k = 0; k < dirs; k++) {
-        struct path_beneath_attr rule = {LANDLOCK_MAKE_SOCK, open(sock_dirs[k], O_PATH | O_CLOEXEC)};
-        if (rule.parent_fd < 0) die("open", sock_dirs[k]);
-        if (syscall(SYS_landlock_add_rule, (int)fd, LANDLOCK_PATH_BENEATH, &rule, 0) != 0)
-            die("landlock_add_rule", sock_dirs[k]);
-        close(rule.parent_fd);
-    }
+    if (dirs) landlock_rule(fd, "/", LANDLOCK_REFER);
+    for (int k = 0; k < dirs; k++) landlock_rule(fd, sock_dirs[k], LANDLOCK_MAKE_SOCK);
     if (syscall(SYS_landlock_restrict_self, (int)fd, 0) != 0) die("landlock_restrict_self", NULL);
     close((int)fd);
 }

@@ -92,7 +92,9 @@ def test_helper_and_python_setup_agree(is_root):
 def test_helper_and_python_setup_both_confine_unix_sockets(tmp_path):
     """Each puts the job in a Landlock domain (landlock.py) where an abstract Unix
     socket made outside it is refused, and socket files are made only beneath the
-    directories given; without it the same program reaches the socket and binds both."""
+    directories given, nor moved out of them; files still move and link across
+    directories (handling a file right refused that: ``git mv`` failed, a review).
+    Without it the same program reaches the socket and does all the rest."""
     require(landlock.scopes_abstract_unix(), landlock.why_unscoped() or "")
     helper = find_exec_helper("auto")
     require(helper is not None, "sandfarm-exec is not built (make setup compiles it)")
@@ -109,8 +111,18 @@ def test_helper_and_python_setup_both_confine_unix_sockets(tmp_path):
         "    try:\n        call(at); return 'ok'\n"
         "    except OSError as exc:\n        return errno.errorcode[exc.errno]\n"
         "new = lambda: socket.socket(socket.AF_UNIX)\n"
+        "own, elsewhere = sys.argv[1:]\n"
+        "def moves(to):\n"
+        "    os.makedirs(os.path.join(own, 'sub'), exist_ok=True)\n"
+        "    made = os.path.join(own, 'sub', 'f'); open(made, 'w').close()\n"
+        "    os.rename(made, to); os.link(to, made)\n"
+        "def moves_socket(to):\n"
+        "    made = os.path.join(own, 'sock' + str(os.getpid())); new().bind(made)\n"
+        "    os.rename(made, to)\n"
         f"print(outcome(new().connect, '\\0{name}'),\n"
-        "      *(outcome(new().bind, os.path.join(d, str(os.getpid()))) for d in sys.argv[1:]))\n",
+        "      *(outcome(new().bind, os.path.join(d, str(os.getpid()))) for d in sys.argv[1:]),\n"
+        "      outcome(moves, os.path.join(elsewhere, 'f' + str(os.getpid()))),\n"
+        "      outcome(moves_socket, os.path.join(elsewhere, 's' + str(os.getpid()))))\n",
         str(own),
         str(elsewhere),
     ]
@@ -125,9 +137,9 @@ def test_helper_and_python_setup_both_confine_unix_sockets(tmp_path):
             )
             return done.stdout + done.stderr
 
-        assert run(program) == "ok ok ok\n"  # the control: unconfined, all three work
-        assert run(program, ChildSetup()) == "ok ok ok\n"  # and with nothing asked
-        assert run(program, scoped) == "EPERM ok EACCES\n"
+        assert run(program) == "ok ok ok ok ok\n"  # the control: unconfined, all work
+        assert run(program, ChildSetup()) == "ok ok ok ok ok\n"  # and with nothing asked
+        assert run(program, scoped) == "EPERM ok EACCES ok EACCES\n"
         argv = scoped.helper_argv(helper, env_fd=None)
         assert argv is not None and "--landlock-sock-dir" in argv
-        assert run([*argv, *program]) == "EPERM ok EACCES\n"
+        assert run([*argv, *program]) == "EPERM ok EACCES ok EACCES\n"

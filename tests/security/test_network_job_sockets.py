@@ -264,3 +264,11 @@ def test_a_job_makes_socket_files_only_in_its_own_directories(run, backend):
     expected = "EACCES" if backend_kind(backend) == "process" else "ENOENT"
     assert (there, workspace, tmp) == (expected, "bound", "bound"), result.steps[0]
     assert list(shared.iterdir()) == []
+    # files still move across directories (Landlock refused that at first: git mv failed)
+    moves = (
+        "import os\nos.makedirs('x/y'); os.makedirs('/tmp/y/z')\n"
+        "open('x/f', 'w').close(); os.rename('x/f', 'f'); os.link('f', 'x/y/f')\n"
+        "os.rename('x/y', 'y'); os.rename('/tmp/y/z', '/tmp/z'); print('moved')\n"
+    )
+    moved = run(code=moves)
+    assert moved.steps[0].stdout == "moved\n", moved
