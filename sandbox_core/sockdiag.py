@@ -153,32 +153,35 @@ def sockets_of(uid: int) -> list[Socket]:
     and half-open requests (no uid, nothing held: a job made 125,000 time-wait ones,
     which took each dump 0.16 s, a review), nor its closed or only bound ones (no
     buffers; the kernel ends none of them, so one still held would never go)."""
-    found: list[Socket] = []
     with _netlink() as sock:
-        for protocol, states in _ENDED_STATES.items():
+        return _sockets_of(sock, uid)
 
-            def answer(data: bytes, body: int, _end: int) -> None:
-                family, _, _, _, ident, _, _, _, owner, _ = _MESSAGE.unpack_from(data, body)
-                if owner == uid:
-                    found.append(Socket(family, protocol, ident))  # noqa: B023 (used now)
 
-            for family in _FAMILIES:
-                request = _request(_SOCK_DIAG_BY_FAMILY, family, protocol, states, 0, bytes(48))
-                sock.sendto(request, (0, 0))
-                while not walk(sock.recv(_RECV_BYTES), answer):
-                    pass
+def _sockets_of(sock: socket.socket, uid: int) -> list[Socket]:
+    found: list[Socket] = []
+    for protocol, states in _ENDED_STATES.items():
+
+        def answer(data: bytes, body: int, _end: int) -> None:
+            family, _, _, _, ident, _, _, _, owner, _ = _MESSAGE.unpack_from(data, body)
+            if owner == uid:
+                found.append(Socket(family, protocol, ident))  # noqa: B023 (used now)
+
+        for family in _FAMILIES:
+            request = _request(_SOCK_DIAG_BY_FAMILY, family, protocol, states, 0, bytes(48))
+            sock.sendto(request, (0, 0))
+            while not walk(sock.recv(_RECV_BYTES), answer):
+                pass
     return found
 
 
-def end(one: Socket) -> None:
+def _end(sock: socket.socket, one: Socket) -> None:
     """End ``one`` as the kernel's tcp_abort/udp_abort does: a reset to its peer, its
     buffers freed. OSError ENOENT once it is gone; ESTALE if its addresses now name
     another socket."""
-    with _netlink() as sock:
-        sock.sendto(
-            _request(_SOCK_DESTROY, one.family, one.protocol, _ALL_STATES, 0, one.ident), (0, 0)
-        )
-        walk(sock.recv(_RECV_BYTES), lambda *_: None)
+    sock.sendto(
+        _request(_SOCK_DESTROY, one.family, one.protocol, _ALL_STATES, 0, one.ident), (0, 0)
+    )
+    walk(sock.recv(_RECV_BYTES), lambda *_: None)
 
 
 def end_sockets_of(uid: int) -> int:
@@ -186,20 +189,18 @@ def end_sockets_of(uid: int) -> int:
     many were ended. OSError where the kernel cannot (no ``CONFIG_INET_DIAG_DESTROY``:
     EOPNOTSUPP), or some outlive every round."""
     ended = 0
-    for _ in range(_END_ROUNDS):
-        left = sockets_of(uid)
-        if not left:
-            return ended
-        for one in left:
-            try:
-                end(one)
-                ended += 1
-            except OSError as exc:
-                if exc.errno not in (errno.ENOENT, errno.ESTALE):
-                    raise
-    left = sockets_of(uid)
-    if left:
-        raise OSError(
-            errno.EBUSY, f"{len(left)} sockets of uid {uid} outlived {_END_ROUNDS} rounds"
-        )
-    return ended
+    with _netlink() as sock:  # one for every dump and every end
+        for round_ in range(_END_ROUNDS + 1):
+            left = _sockets_of(sock, uid)
+            if not left:
+                return ended
+            if round_ == _END_ROUNDS:
+                break
+            for one in left:
+                try:
+                    _end(sock, one)
+                    ended += 1
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ESTALE):
+                        raise
+    raise OSError(errno.EBUSY, f"{len(left)} sockets of uid {uid} outlived {_END_ROUNDS} rounds")

@@ -128,11 +128,12 @@ def sweep_uid(uid: int, rounds: int = 50) -> bool:
 
 def end_sockets(uid: int) -> None:
     """End the TCP and UDP sockets of ``uid`` that outlive its processes, in the
-    calling thread's namespace: the host's, which a network job on L1/L2 shares. A
-    socket it passed to another job (through an abstract Unix socket) would hold what
-    the other fills there, counted for neither (an attack review: ~207 MB); one it
+    calling thread's namespace: the host's, which a network job on L1/L2 shares. One it
     closed while still sending (an orphan) stays charged to the slot's group, against
-    the slot's next job. A failure is the farm's: logged, the job's result stands."""
+    the slot's next job; one held by another process keeps doing what it did (passed
+    to another job, a listener held ~207 MB counted for neither, an attack review; no
+    job can take one now, landlock.py, so this is the second line). A failure is the
+    farm's: logged, the job's result stands."""
     try:
         end_sockets_of(uid)
     except OSError as exc:

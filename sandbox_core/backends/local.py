@@ -248,6 +248,8 @@ class LocalBackend(Backend):
             ),
             uid=session.slot.uid,
             gid=session.slot.gid,
-            landlock_scope=landlock.SCOPE_ABSTRACT_UNIX_SOCKET * landlock.scopes_abstract_unix(),
+            landlock_scope=(
+                landlock.SCOPE_ABSTRACT_UNIX_SOCKET if landlock.scopes_abstract_unix() else 0
+            ),
             **more,
         )

@@ -218,8 +218,8 @@ class LocalSession(Session):
             self.clean = True
             if self.slot.uid is not None:
                 reap_zombies_of(self.slot.uid)
-                if setup.netns_fd is None and not setup.private_net:
-                    end_sockets(self.slot.uid)  # the host's namespace: its sockets die too
+                if _in_host_network(setup):
+                    end_sockets(self.slot.uid)  # its sockets die with it there too
             record = _read_all(status_fd) if status_fd is not None else None
         if record:
             # Our init's word on the job (else it was killed with the sandbox on a
@@ -243,7 +243,7 @@ class LocalSession(Session):
         if setup.netns_fd is not None:
             netns_fd = setup.netns_fd
             found = lambda: listeners_in_namespace(netns_fd)  # noqa: E731
-        elif not setup.private_net and uid is not None:
+        elif _in_host_network(setup) and uid is not None:
             found = listeners_here  # a network job: the host's namespace, told by its uid
         usage = self._tcp_usage()
         if usage is None and found is None:
@@ -354,6 +354,12 @@ class LocalSession(Session):
             self.ws.remove()
         finally:
             self.slot.end_session()
+
+
+def _in_host_network(setup: ChildSetup) -> bool:
+    """A network job's step, in the worker's namespace (the host's), where other jobs'
+    sockets are too (bwrap without root makes a namespace itself, but has no uid then)."""
+    return setup.netns_fd is None and not setup.private_net
 
 
 def _read_all(fd: int) -> bytes:

@@ -100,7 +100,9 @@ class ProcessBackend(LocalBackend):
             keep=str(session.ws.root),
             netns_fd=session.slot.network_namespace() if private_net else None,
             # no socket file where another job may reach it (landlock.py)
-            sock_dirs=(str(session.ws.root), *private_dirs()) * landlock.bounds_socket_files(),
+            sock_dirs=(
+                (str(session.ws.root), *private_dirs()) if landlock.bounds_socket_files() else ()
+            ),
         )
 
     @cached_property

@@ -316,11 +316,8 @@ static int run_init(int status_fd, int standby_fd, unsigned long long direct, ch
 
 #ifndef SYS_landlock_create_ruleset /* the same numbers on x86_64 and aarch64 */
 #define SYS_landlock_create_ruleset 444
-#define SYS_landlock_restrict_self 446
-#endif
-
-#ifndef SYS_landlock_add_rule
 #define SYS_landlock_add_rule 445
+#define SYS_landlock_restrict_self 446
 #endif
 #define LANDLOCK_MAKE_SOCK (1ULL << 9) /* LANDLOCK_ACCESS_FS_MAKE_SOCK */
 #define LANDLOCK_REFER (1ULL << 13)    /* LANDLOCK_ACCESS_FS_REFER (ABI 2) */
