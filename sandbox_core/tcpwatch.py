@@ -22,8 +22,9 @@ too:
 - so do connections waiting in its uid's listeners that could hold more than
   ``defaults.WAITING_CONNECTIONS_BYTES``: each listener's queue length (sockdiag.py,
   ~0.17 ms a check) times the most one can hold, the largest receive buffer its listener
-  could have had (a job can shrink it once they have come); and more than
-  ``_MOST_LISTENERS`` listeners, too many to read.
+  could have had (a job can shrink it once they have come; the syscall filter refuses
+  SO_RCVLOWAT, which raised it to tcp_rmem[2]); and more than ``_MOST_LISTENERS``
+  listeners, too many to read.
 
 Each figure is the job's own: another tenant's jobs never make it stop (but for network
 jobs on L1/L2, which share the host's namespace: see TcpWatch._waiting).
@@ -61,7 +62,9 @@ def most_one_connection_holds() -> int:
     """What one waiting connection may hold (read once a process): the largest receive
     buffer a listener could have had when it came, twice ``rmem_max`` (which a job's
     namespace copies from the host's), and a packet. Not the listener's buffer now: a
-    job can shrink it once its connections have come (a review)."""
+    job can shrink it once its connections have come (a review). Nothing else a job may
+    do raises it past that: SO_RCVBUFFORCE needs CAP_NET_ADMIN, and seccomp refuses
+    SO_RCVLOWAT (policy.py), which grew it to tcp_rmem[2]."""
     rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
     return 2 * rmem_max + _PACKET_SLACK_BYTES
 

@@ -7,7 +7,8 @@ call costs ~log2(runs) comparisons; conditional calls end in a small argument ch
 Arguments: only the low 32 bits of args[i] are read (offset 16 + 8*i; the arch check
 guarantees a little-endian layout). That is all the kernel uses of each checked
 argument: socket, socketpair and personality take int / unsigned int, clone reads
-lower_32_bits(flags), and unshare fails with EINVAL on any high bit. A high-word check
+lower_32_bits(flags), setsockopt takes int level and optname, and unshare fails with
+EINVAL on any high bit. A high-word check
 would only refuse calls the kernel treats exactly like allowed ones.
 
 Classic BPF jumps forward only, jt/jf by at most 255; a longer conditional jump goes
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from sandbox_core.seccomp import policy
 from sandbox_core.seccomp.arches import Arch
-from sandbox_core.seccomp.policy import Decision, FlagsClear, OneOf, Refuse
+from sandbox_core.seccomp.policy import Decision, FlagsClear, OneOf, Refuse, RefuseWhenAll
 
 LD_W_ABS, JA, JEQ, JGT, JGE, JSET, RET = 0x20, 0x05, 0x15, 0x25, 0x35, 0x45, 0x06
 RET_ALLOW, RET_ERRNO = 0x7FFF0000, 0x00050000
@@ -184,6 +185,12 @@ class _Program:
             refuse = self.target(Refuse(d.refuse))
             self.emit(Stmt(LD_W_ABS, arg_low(d.index)))
             self.emit(Jump(JSET, d.mask, refuse, self.target(policy.ALLOW)))
+        elif isinstance(d, RefuseWhenAll):
+            refuse, allow = self.target(Refuse(d.refuse)), self.target(policy.ALLOW)
+            for i, (index, value) in enumerate(d.equal):
+                last = i == len(d.equal) - 1
+                self.emit(Stmt(LD_W_ABS, arg_low(index)))
+                self.emit(Jump(JEQ, value, refuse if last else None, allow))
         else:
             self._one_of(d)
 

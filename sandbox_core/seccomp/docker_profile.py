@@ -2,10 +2,12 @@
 
 Written the way moby's own default profile is: default SCMP_ACT_ERRNO (EPERM), one entry
 of allowed names, and argument rules (SCMP_CMP_MASKED_EQ for flags, SCMP_CMP_EQ for
-values; each entry's conditions on distinct arguments, which runc ANDs). A refusal with
+values; each entry's conditions on distinct arguments, which runc ANDs; several
+entries for one call are ORed). A refusal with
 another errno than the default is spelt out value by value, because libseccomp lets a
 call's unconditional rule override its conditional ones. libseccomp compares all 64
-bits, so a stray high word is refused here where the BPF filter lets the kernel drop it.
+bits, so a stray high word is refused here where the BPF filter lets the kernel drop it
+(but by RefuseWhenAll's entries, which test bits of the low word one by one).
 runc itself answers ENOSYS above the highest call it knows, like bpf.py does.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 
 from sandbox_core.seccomp import policy
 from sandbox_core.seccomp.arches import ARCHES
-from sandbox_core.seccomp.policy import Decision, FlagsClear, OneOf, Refuse, Rule
+from sandbox_core.seccomp.policy import Decision, FlagsClear, OneOf, Refuse, RefuseWhenAll, Rule
 
 Entry = dict[str, Any]
 
@@ -50,6 +52,13 @@ def _entries(d: Decision) -> Iterator[Entry]:
         if d.refuse != default:  # any one of the bits set
             for bit in (1 << i for i in range(64) if d.mask >> i & 1):
                 yield _errno(d.refuse, [_arg(d.index, bit, "SCMP_CMP_MASKED_EQ", bit)])
+    elif isinstance(d, RefuseWhenAll):
+        # Allowed where some argument differs from its value in one of its low 32 bits
+        # (the kernel reads an int there: comparing all 64 would let a stray high word
+        # through), bit by bit; the rest is refused by the default.
+        for index, value in d.equal:
+            for bit in (1 << i for i in range(32)):
+                yield _allow([_arg(index, bit, "SCMP_CMP_MASKED_EQ", ~value & bit)])
     else:
         yield from _one_of(d)
 

@@ -7,7 +7,8 @@ knows and no rule allows is refused with EPERM; a number above the table (a newe
 kernel's call) gets ENOSYS, so glibc's fallbacks work; other ABIs are refused.
 
 Argument checks look at the low 32 bits of an argument, which is all the kernel reads
-of every argument checked here (see bpf.py); the Docker profile compares all 64.
+of every argument checked here (see bpf.py); the Docker profile compares all 64, but
+where a refusal must not be passed by a stray high word (RefuseWhenAll).
 """
 
 from __future__ import annotations
@@ -63,7 +64,17 @@ class OneOf:
     known_below: int = 0
 
 
-Decision = Allow | Refuse | FlagsClear | OneOf
+@dataclass(frozen=True)
+class RefuseWhenAll:
+    """Allowed unless args[index] equals value for every (index, value) of ``equal``;
+    then errno ``refuse`` (the default errno only: the Docker profile says it by allowing
+    every other case, as it cannot let a conditional refusal beat an allowance)."""
+
+    equal: tuple[tuple[int, int], ...]
+    refuse: int = DEFAULT_ERRNO
+
+
+Decision = Allow | Refuse | FlagsClear | OneOf | RefuseWhenAll
 ALLOW = Allow()
 
 
@@ -81,8 +92,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 # moby's default profile (github.com/moby/profiles seccomp/default.json at 3c28324,
 # 2026-05-06, vendored by moby/moby): the calls it allows every container unconditionally,
-# without a capability, that both x86_64 and aarch64 have. Left out: socketpair and
-# personality (rules below), and the 32-bit-only names (_llseek, fstat64, ...).
+# without a capability, that both x86_64 and aarch64 have. Left out: socketpair,
+# personality and setsockopt (rules below), and the 32-bit-only names (_llseek, ...).
 MOBY_COMMON = _names("""
     accept accept4 adjtimex bind brk cachestat capget capset chdir clock_adjtime clock_getres
     clock_gettime clock_nanosleep close close_range connect copy_file_range dup dup3
@@ -109,7 +120,7 @@ MOBY_COMMON = _names("""
     sched_getscheduler sched_rr_get_interval sched_setaffinity sched_setattr sched_setparam
     sched_setscheduler sched_yield seccomp semctl semget semop semtimedop sendfile sendmmsg
     sendmsg sendto set_robust_list set_tid_address setfsgid setfsuid setgid setgroups setitimer
-    setpgid setpriority setregid setresgid setresuid setreuid setrlimit setsid setsockopt setuid
+    setpgid setpriority setregid setresgid setresuid setreuid setrlimit setsid setuid
     setxattr setxattrat shmat shmctl shmdt shmget shutdown sigaltstack signalfd4 splice statfs
     statmount statx symlinkat sync sync_file_range syncfs sysinfo tee tgkill timer_create
     timer_delete timer_getoverrun timer_gettime timer_settime timerfd_create timerfd_gettime
@@ -135,6 +146,7 @@ CLONE_NAMESPACES |= CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 UNSHARE_NAMESPACES = CLONE_NAMESPACES | CLONE_NEWTIME
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 AF_MAX = 46  # linux/socket.h (6.18): families at or above it do not exist
+SOL_SOCKET, SO_RCVLOWAT = 1, 18  # asm-generic/socket.h: the same on x86_64 and aarch64
 # personality(2): PER_LINUX, PER_LINUX32, UNAME26, PER_LINUX32|UNAME26, and the query.
 PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 
@@ -180,6 +192,14 @@ RULES: tuple[Rule, ...] = (
         ("socketpair",),
         OneOf(0, (AF_UNIX,), EAFNOSUPPORT, known_below=AF_MAX),
         "only unix sockets come in pairs",
+    ),
+    Rule(
+        ("setsockopt",),
+        RefuseWhenAll(((1, SOL_SOCKET), (2, SO_RCVLOWAT))),
+        "every option but SO_RCVLOWAT, which raises a TCP listener's receive buffer to"
+        " tcp_rmem[2] (32 MiB on this VM image), past the 2 x rmem_max the TCP watch counts"
+        " for each connection waiting in it: they inherit it, and the listener could shrink"
+        " its own again (found 2026-12-05: ~15 waiting held ~480 MB unstopped)",
     ),
     Rule(
         ("personality",),
@@ -252,6 +272,8 @@ def check(arches: Iterable[Arch] = ARCHES.values()) -> None:
         d = rule.decision
         if isinstance(d, OneOf) and d.refuse != DEFAULT_ERRNO and d.known_below <= max(d.values):
             raise SyscallPolicyError(f"{rule.names[0]}: known_below must cover its values")
+        if isinstance(d, RefuseWhenAll) and d.refuse != DEFAULT_ERRNO:
+            raise SyscallPolicyError(f"{rule.names[0]}: RefuseWhenAll refuses with EPERM only")
 
 
 check()  # at import: a misspelt name must never silently drop out of the filter

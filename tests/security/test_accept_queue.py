@@ -23,16 +23,22 @@ from tests.conftest import require
 from tests.security.conftest import make_backend
 from tests.security.helpers import backend_kind
 
-# Both attacks: the host's TCP memory in pages, and the goal GROW_MB past where it starts.
-GROWS_BY = """
+# Every attack: the host's TCP memory in pages, from where it starts.
+PAGES = """
 import os, socket, struct, time
 def pages():
     for line in open("/proc/net/sockstat"):
         if line.startswith("TCP:"):
             f = line.split(); return int(f[f.index("mem") + 1])
-start = pages(); goal = start + (int(os.environ["GROW_MB"]) << 20) // 4096
+start = pages()
 data = b"x" * 65536
 """
+# The first two: the goal GROW_MB past where it starts.
+GROWS_BY = (
+    PAGES
+    + """goal = start + (int(os.environ["GROW_MB"]) << 20) // 4096
+"""
+)
 # Fills connections that wait in its listeners until the host's TCP memory has grown by
 # GROW_MB (or it has made 4,096), then holds them; prints how many and the growth in MB.
 HOLDS_WAITING_CONNECTIONS = (
@@ -99,6 +105,44 @@ print((peak - start) * 4096 >> 20)
 """
 )
 FILL_THEN_ACCEPT = {"PROCS": "4", "GROW_MB": "512"}
+# Raises its listener's receive buffer with SO_RCVLOWAT (to tcp_rmem[2]) unless refused,
+# lets WAITING clients connect, shrinks the listener's buffer again (theirs stay), fills
+# each client's connection while it waits and resets the client; prints whether
+# SO_RCVLOWAT was refused and how far the host's TCP memory grew (MB), then holds it.
+RAISES_LOW_WATER = (
+    PAGES
+    + """
+try:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1 << 30)
+    refused = 0
+except PermissionError:
+    refused = 1
+srv = socket.socket()
+if not refused:
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1 << 30)
+srv.bind(("127.0.0.1", 0)); srv.listen(64)
+conns = [socket.create_connection(srv.getsockname()) for _ in range(int(os.environ["WAITING"]))]
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+for c in conns:
+    c.setblocking(False)
+idle, deadline = 0, time.monotonic() + 40
+while idle < 100 and time.monotonic() < deadline:
+    moved = 0
+    for c in conns:
+        try:
+            while True:
+                moved += c.send(data)
+        except BlockingIOError:
+            pass
+    idle = 0 if moved else idle + 1
+    time.sleep(0.002)
+for c in conns:
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); c.close()
+print(refused, (pages() - start) * 4096 >> 20, flush=True)
+time.sleep(1)
+"""
+)
 SLOT = 242  # a slot of its own: the job follows another in it (out of the other tests' way)
 
 
@@ -197,6 +241,48 @@ def test_connections_waiting_to_be_accepted_are_bounded(backend, hold_waiting, t
     # it ran, and was stopped once what waited could hold the bound (at ~8 MiB each here)
     assert 16 * d.MIB < held < 3 * bound, (held, bound)
     assert _settled() < before + (64 << 20) // 4096  # what it held went with its sandbox
+
+
+def test_a_listener_cannot_raise_what_its_waiting_connections_hold(backend, tmp_path):
+    """The watch counts each waiting connection at the most it could hold: twice
+    rmem_max and a packet, or its listener's buffer if larger. SO_RCVLOWAT raised a
+    listener's buffer to tcp_rmem[2] (32 MiB on this VM image), every connection waiting
+    in it inherited that, and the listener shrank its own again: 15 waiting held ~480 MB,
+    counted at ~121 MiB, under the bound, never stopped (found 2026-12-05). The syscall
+    filter now refuses SO_RCVLOWAT, on every backend."""
+    require(os.geteuid() == 0, "needs root: without it a job has no uid of its own to watch")
+    rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    rmem = int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
+    if rmem <= 2 * rmem_max:
+        pytest.skip(f"tcp_rmem[2] ({rmem}) is within 2 x rmem_max here: no attack to make")
+    waiting = d.WAITING_CONNECTIONS_BYTES // tcpwatch.most_one_connection_holds()
+    env = {"WAITING": str(waiting)}
+    script = tmp_path / "low_water.py"
+    script.write_text(RAISES_LOW_WATER)
+    before = _settled()
+    bare = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+    assert bare.returncode == 0, bare
+    refused, grew = (int(word) for word in bare.stdout.split())
+    # the attack, unconfined: what waits holds far more than the watch would count
+    assert refused == 0 and grew << 20 > 2 * d.WAITING_CONNECTIONS_BYTES, bare.stdout
+    assert _settled() < before + (64 << 20) // 4096
+    before = _settled()
+    with PeakTcpPages() as host:
+        result = backend.run(
+            parse_spec({"code": RAISES_LOW_WATER, "env": env, "limits": {"timeout_s": 120}})
+        )
+    assert result.status == Status.SUCCEEDED, result
+    refused, grew = (int(word) for word in result.steps[0].stdout.split())
+    assert refused == 1, result.steps[0].stdout  # EPERM, a clean Python error
+    held = (host.peak - before) * 4096
+    assert held < d.WAITING_CONNECTIONS_BYTES, (held, grew)  # the job ran; it held little
+    assert _settled() < before + (64 << 20) // 4096
 
 
 def test_a_server_with_waiting_clients_is_not_stopped(run):

@@ -45,7 +45,9 @@ async def main():
 done["asyncio"] = asyncio.run(main())
 done["ssl"] = ssl.create_default_context().verify_mode.name
 server = socket.create_server(("127.0.0.1", 0))
+server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
 client = socket.create_connection(server.getsockname())
+client.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 5000)  # optname 18, as SO_RCVLOWAT
 done["tcp"] = client.getsockname()[0]
 client.close()
 server.close()
@@ -89,7 +91,15 @@ def _attacks() -> dict[str, int]:
         "unshare_newuser": 0 if libc.unshare(CLONE_NEWUSER) == 0 else ctypes.get_errno(),
         "bpf": _syscall(table["bpf"], 0, attr, 128),  # BPF_MAP_CREATE
         "keyctl": _syscall(table["keyctl"], 0, -4, 0),  # KEYCTL_GET_KEYRING_ID, user ring
+        "so_rcvlowat": _errno_of(_raise_receive_low_water),
     }
+
+
+def _raise_receive_low_water() -> None:
+    """SO_RCVLOWAT on a TCP listener: its receive buffer grows to tcp_rmem[2], and every
+    connection waiting in it inherits that (tcpwatch.py counts 2 x rmem_max a one)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1 << 30)
 
 
 def _programs() -> dict[str, Any]:
@@ -166,6 +176,7 @@ def test_ordinary_programs_run_under_the_filter():
         ("unshare_newuser", errno.EPERM, "user namespaces are off here"),
         ("bpf", errno.EPERM, "bpf() is off for this user (unprivileged_bpf_disabled)"),
         ("keyctl", errno.EPERM, "this kernel has no keyrings"),
+        ("so_rcvlowat", errno.EPERM, "this kernel refuses SO_RCVLOWAT"),
     ],
 )
 def test_attack_works_without_the_filter_and_fails_with_it(attack, refused_with, kernel_lacks):
