@@ -90,6 +90,10 @@ DOCKER_UID_BASE = SLOT_UID_BASE + MAX_SLOTS
 # After the main process of a step exits, how long daemonised leftovers may keep
 # writing before the step's process tree is killed.
 EXIT_DRAIN_S = 0.2
+# How long a network job's TCP sockets on L1/L2 may go on sending once its step's
+# processes are gone (what it sent reaches its peer) before the farm ends them, within
+# the job's time (sweep.end_sockets).
+SOCKET_DRAIN_S = 1.0
 # How long a slot's kill waits for its group to empty, in the killed job's own time: a
 # killed process leaves the group only at the end of its exit, which tears down what
 # it held last (its tmpfs mounts' inodes: seconds at the largest workspace). A session

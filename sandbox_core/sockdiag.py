@@ -20,6 +20,7 @@ import errno
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ _FAMILIES = (socket.AF_INET, socket.AF_INET6)
 # Rounds of list-and-end: a socket is named by its addresses, so one of a reuseport
 # group may be found as another of the group (ESTALE); the next round finds it again.
 _END_ROUNDS = 4
+_DRAIN_POLL_S = 0.01  # how often sockets left sending are read again
 
 Answer = Callable[[bytes, int, int], None]  # (data, body's offset, message's end)
 
@@ -71,6 +73,7 @@ class Socket:
     family: int
     protocol: int
     ident: bytes  # inet_diag_sockid, as the kernel gave it
+    sending: bool = False  # TCP, not listening, with data (or its FIN) not yet acked
 
 
 def _request(kind: int, family: int, protocol: int, states: int, ext: int, ident: bytes) -> bytes:
@@ -161,10 +164,12 @@ def _sockets_of(sock: socket.socket, uid: int) -> list[Socket]:
     found: list[Socket] = []
     for protocol, states in _ENDED_STATES.items():
 
-        def answer(data: bytes, body: int, _end: int) -> None:
-            family, _, _, _, ident, _, _, _, owner, _ = _MESSAGE.unpack_from(data, body)
+        def answer(data: bytes, body: int, _end: int, protocol: int = protocol) -> None:
+            family, state, _, _, ident, _, _, unacked, owner, _ = _MESSAGE.unpack_from(data, body)
             if owner == uid:
-                found.append(Socket(family, protocol, ident))  # noqa: B023 (used now)
+                # a listener's wqueue is its backlog; UDP's, data it sends at once
+                sending = protocol == socket.IPPROTO_TCP and state != _TCP_LISTEN and unacked > 0
+                found.append(Socket(family, protocol, ident, sending))
 
         for family in _FAMILIES:
             request = _request(_SOCK_DIAG_BY_FAMILY, family, protocol, states, 0, bytes(48))
@@ -184,18 +189,25 @@ def _end(sock: socket.socket, one: Socket) -> None:
     walk(sock.recv(_RECV_BYTES), lambda *_: None)
 
 
-def end_sockets_of(uid: int) -> int:
+def end_sockets_of(uid: int, drain_until: float = 0.0) -> int:
     """End every TCP and UDP socket of ``uid`` in the calling thread's namespace; how
-    many were ended. OSError where the kernel cannot (no ``CONFIG_INET_DIAG_DESTROY``:
-    EOPNOTSUPP), or some outlive every round."""
+    many were ended. Until ``drain_until`` (``time.monotonic``), while some TCP socket
+    still sends, they are left to it (its peer gets what was sent). OSError where the
+    kernel cannot (no ``CONFIG_INET_DIAG_DESTROY``: EOPNOTSUPP), or some outlive every
+    round."""
     ended = 0
+    round_ = 0
     with _netlink() as sock:  # one for every dump and every end
-        for round_ in range(_END_ROUNDS + 1):
+        while True:
             left = _sockets_of(sock, uid)
             if not left:
                 return ended
+            if any(one.sending for one in left) and time.monotonic() < drain_until:
+                time.sleep(_DRAIN_POLL_S)
+                continue
             if round_ == _END_ROUNDS:
                 break
+            round_ += 1
             for one in left:
                 try:
                     _end(sock, one)

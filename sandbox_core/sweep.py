@@ -11,8 +11,10 @@ import ctypes
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable
 
+from sandbox_core.defaults import SOCKET_DRAIN_S
 from sandbox_core.sockdiag import end_sockets_of
 
 log = logging.getLogger(__name__)
@@ -126,15 +128,17 @@ def sweep_uid(uid: int, rounds: int = 50) -> bool:
     return kill_until_gone(lambda: pids_of_uid(uid), rounds, lambda: reap_zombies_of(uid))
 
 
-def end_sockets(uid: int) -> None:
+def end_sockets(uid: int, deadline: float) -> None:
     """End the TCP and UDP sockets of ``uid`` that outlive its processes, in the
     calling thread's namespace: the host's, which a network job on L1/L2 shares. One it
     closed while still sending (an orphan) stays charged to the slot's group, against
     the slot's next job; one held by another process keeps doing what it did (passed
     to another job, a listener held ~207 MB counted for neither, an attack review; no
-    job can take one now, landlock.py, so this is the second line). A failure is the
-    farm's: logged, the job's result stands."""
+    job can take one now, landlock.py, so this is the second line). Those still
+    sending go on for up to SOCKET_DRAIN_S first, not past ``deadline`` (the job's,
+    ``time.monotonic``): the data a program sent as it exited reaches its peer. A
+    failure is the farm's: logged, the job's result stands."""
     try:
-        end_sockets_of(uid)
+        end_sockets_of(uid, drain_until=min(time.monotonic() + SOCKET_DRAIN_S, deadline))
     except OSError as exc:
         log.warning("the sockets of uid %d outlive its job: %s", uid, exc)

@@ -33,7 +33,6 @@ jobs on L1/L2, which share the host's namespace: see TcpWatch._waiting).
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import time
@@ -57,16 +56,23 @@ Listeners = Callable[[], Found]
 Usage = Callable[[], int | None]
 
 
-@functools.cache
+_RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
+_most_seen = 0  # most_one_connection_holds: the largest this process has seen
+
+
 def most_one_connection_holds() -> int:
-    """What one waiting connection may hold (read once a process): the largest receive
-    buffer a listener could have had when it came, twice ``rmem_max`` (which a job's
-    namespace copies from the host's), and a packet. Not the listener's buffer now: a
+    """What one waiting connection may hold (read at each check, the largest this
+    process has seen kept: a raised ``rmem_max`` counts at once, and a lowered one
+    leaves the buffers made before it, a review): the largest receive buffer a listener
+    could have had when it came, twice ``rmem_max`` (which a job's namespace copies from
+    the host's), and a packet. Not the listener's buffer now: a
     job can shrink it once its connections have come (a review). Nothing else a job may
     do raises it past that: SO_RCVBUFFORCE needs CAP_NET_ADMIN, and seccomp refuses
     SO_RCVLOWAT (policy.py), which grew it to tcp_rmem[2]."""
-    rmem_max = int(Path("/proc/sys/net/core/rmem_max").read_text())
-    return 2 * rmem_max + _PACKET_SLACK_BYTES
+    global _most_seen
+    rmem_max = int(_RMEM_MAX.read_text())
+    _most_seen = max(_most_seen, 2 * rmem_max + _PACKET_SLACK_BYTES)
+    return _most_seen
 
 
 def waiting_bytes(found: list[Listener], uid: int) -> tuple[int, int]:

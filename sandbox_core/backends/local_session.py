@@ -219,7 +219,7 @@ class LocalSession(Session):
             if self.slot.uid is not None:
                 reap_zombies_of(self.slot.uid)
                 if _in_host_network(setup):
-                    end_sockets(self.slot.uid)  # its sockets die with it there too
+                    end_sockets(self.slot.uid, deadline)  # they die with it there too
             record = _read_all(status_fd) if status_fd is not None else None
         if record:
             # Our init's word on the job (else it was killed with the sandbox on a

@@ -213,6 +213,54 @@ def test_a_network_jobs_sockets_end_with_it(network_backends, peer):
     assert sockdiag.sockets_of(uid) == []  # none outlived its job
 
 
+# Sends SEND bytes to PORT with room for all of them in its socket, and exits at once;
+# prints its uid and how many bytes it left unsent or unacknowledged as it did.
+SENDS_AND_EXITS = """
+import fcntl, os, socket, struct, termios
+c = socket.socket(); c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)
+c.connect(("127.0.0.1", int(os.environ["PORT"]))); c.sendall(b"x" * int(os.environ["SEND"]))
+print(os.getuid(), struct.unpack("i", fcntl.ioctl(c, termios.TIOCOUTQ, b"\\0" * 4))[0])
+"""
+
+
+def test_what_a_network_job_sent_as_it_ended_reaches_its_peer(network_backends):
+    """Ending a network job's sockets as its step ends dropped what it had sent and its
+    peer had not yet taken, and reset the peer: a program that writes and exits lost
+    its last data. Those still sending now go on for up to SOCKET_DRAIN_S first."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    got: dict[str, object] = {}
+
+    def slow_peer() -> None:  # takes nothing for 0.3 s, then reads to the end
+        conn, _ = server.accept()
+        time.sleep(0.3)
+        total = 0
+        try:
+            while data := conn.recv(65536):
+                total += len(data)
+            got["end"] = "eof"
+        except ConnectionResetError:
+            got["end"] = "reset"
+        got["total"] = total
+        conn.close()
+
+    reader = threading.Thread(target=slow_peer, daemon=True)
+    reader.start()
+    send = 2 << 20
+    env = {"PORT": str(server.getsockname()[1]), "SEND": str(send)}
+    try:
+        result = _run(network_backends[0], SENDS_AND_EXITS, env)
+        reader.join(30)
+    finally:
+        server.close()
+    assert result.status == Status.SUCCEEDED, result
+    uid, queued = (int(word) for word in result.steps[0].stdout.split())
+    assert queued > send // 2, result.steps[0]  # still queued as it ended
+    assert got == {"end": "eof", "total": send}, got
+    assert sockdiag.sockets_of(uid) == []
+
+
 def test_a_network_job_starts_and_its_sys_is_read_only(network_backends):
     """The host's namespace has no second sysfs (EBUSY): every network job on L1 failed
     to start. It runs now, with the host's sysfs bound read-only and no cgroup tree in

@@ -59,6 +59,20 @@ def test_waiting_connections_count_at_the_most_one_can_hold() -> None:
     assert tw.waiting_bytes(found, 61002) == (0, 0)
 
 
+def test_a_changed_rmem_max_counts_from_the_next_check(monkeypatch, tmp_path):
+    """A raised rmem_max counts at once (it was read once a worker, a review); a lowered
+    one does not shrink the count: connections made before it keep their buffers."""
+    rmem_max = tmp_path / "rmem_max"
+    monkeypatch.setattr(tw, "_RMEM_MAX", rmem_max)
+    monkeypatch.setattr(tw, "_most_seen", 0)
+    rmem_max.write_text("4194304\n")
+    assert tw.most_one_connection_holds() == 8 * d.MIB + 64 * d.KIB
+    rmem_max.write_text("8388608\n")
+    assert tw.most_one_connection_holds() == 16 * d.MIB + 64 * d.KIB
+    rmem_max.write_text("212992\n")
+    assert tw.most_one_connection_holds() == 16 * d.MIB + 64 * d.KIB
+
+
 def test_the_kernel_lists_a_namespaces_listeners() -> None:
     """A live read, through the join of a namespace of its own: a listener with three
     connections waiting, as this process's uid."""
