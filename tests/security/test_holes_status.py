@@ -7,7 +7,13 @@ Each fake is paired with the real thing, which must still read right (the contro
 
 from __future__ import annotations
 
-from sandbox_core import Status
+import os
+import signal
+import time
+
+import pytest
+
+from sandbox_core import Status, procevents
 
 
 def _one(result):
@@ -80,3 +86,40 @@ def test_another_processs_exit_under_the_execs_pid_is_not_its_status():
     assert asked, "the watcher was never asked: the attack did not run"
     step = _one(result)
     assert (step.status, step.exit_code) == ("failed", 1), step
+
+
+@pytest.mark.no_backend
+def test_the_exit_watcher_hears_no_fork_churn():
+    """Docker: each worker process's exit watcher heard every fork and exit on the host,
+    parsed in Python on no job's account; a job forking ~30,000 times a second made the
+    docker workers' watchers drop events, and other tenants' `exit 137` read as SIGKILL
+    (an attack review). It now asks the kernel for nonzero exits only."""
+    from tests.conftest import require
+
+    require(os.geteuid() == 0, "needs root: the proc connector needs CAP_NET_ADMIN")
+    if not procevents.filters_events():
+        pytest.skip(f"no connector event filter before Linux 6.6 ({os.uname().release})")
+    everything = procevents.ExitWatcher(nonzero_only=False)  # the control
+    watcher = procevents.ExitWatcher()
+    try:
+        since = time.monotonic_ns()
+        for _ in range(2000):  # the churn: a fork and a zero exit each
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                os._exit(0)
+            os.waitpid(pid, 0)
+        failed, killed = os.fork(), os.fork()
+        if failed == 0 or killed == 0:  # pragma: no cover - the children
+            if failed == 0:
+                os._exit(3)
+            time.sleep(60)
+        os.kill(killed, signal.SIGKILL)
+        os.waitpid(failed, 0)
+        os.waitpid(killed, 0)
+        assert watcher.status(failed, since, wait_s=5) == 3 << 8  # what it is there for
+        assert watcher.status(killed, since, wait_s=5) == signal.SIGKILL
+        assert everything.heard() >= 2000  # the churn reached a watcher that heard all
+        assert watcher.heard() < 200, watcher.heard()  # the host's own nonzero exits
+    finally:
+        everything.close()
+        watcher.close()

@@ -124,7 +124,10 @@ class DockerSession(Session):
         out.duration_ms = (time.monotonic() - started) * 1000 - out.spawn_ms
         info = None if self.dead else self._inspect(exec_id)
         code = info.get("ExitCode") if info else None
-        status = self._kernel_status(info, started_ns)
+        # Only 129-255 can be either (an exit or 128 + a signal); a zero exit is never
+        # heard (procevents.py: the watcher hears nonzero ones only).
+        ambiguous = isinstance(code, int) and code > 128
+        status = self._kernel_status(info, started_ns) if ambiguous else None
         if status is not None and isinstance(code, int) and code != _engine_code(status):
             status = None  # another process's, given the exec's pid since (an attack review)
         if status is not None:  # the kernel's word: exit(137) is not SIGKILL
