@@ -45,6 +45,10 @@ router = APIRouter(prefix="/v1")
 Who = Annotated[Caller, Depends(caller)]
 JobId = Annotated[str, Path(max_length=128, description="the job's id (its tenant's own)")]
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+# A wait on /results without a completion list polls Redis: first after POLL_FIRST_S,
+# then each pause twice the last, up to POLL_MOST_S (a client that wants each result at
+# once names itself, Sandfarm-Client, and waits on its list instead).
+POLL_FIRST_S, POLL_MOST_S = 0.2, 2.0
 ONE_JOB: dict[str, Any] = {
     "code": {"summary": "Python", "value": {"id": "hello-1", "code": "print('hello')"}},
     "steps": {
@@ -183,10 +187,16 @@ def _final(who: Caller, job_id: str) -> JobResult:
 )
 def get_results(body: ResultsRequest, who: Who) -> Results:
     with _translated():
-        ids = list(dict.fromkeys(body.ids))
+        ids = [i for i in dict.fromkeys(body.ids) if ID_RE.fullmatch(i)]
+        never = [i for i in dict.fromkeys(body.ids) if not ID_RE.fullmatch(i)]
         found, _ = who.jobs.results_within(ids, _reply_bytes(who))
         pending = [i for i in ids if i not in found]
+        if pending and body.wait:  # only a job the farm holds can become final
+            known = who.jobs.known(pending)
+            never += [i for i in pending if i not in known]
+            pending = [i for i in pending if i in known]
         deadline = time.monotonic() + body.wait
+        pause = POLL_FIRST_S
         while pending and not found and time.monotonic() < deadline:
             left = deadline - time.monotonic()
             if who.done_key is not None:
@@ -197,7 +207,8 @@ def get_results(body: ResultsRequest, who: Who) -> Results:
                 found, _ = who.jobs.results_within(pending, _reply_bytes(who))
                 pending = [i for i in pending if i not in found]
                 break
-            time.sleep(min(left, 0.2))
+            time.sleep(min(left, pause))
+            pause = min(2 * pause, POLL_MOST_S)  # each poll reads every id from Redis
             found, _ = who.jobs.results_within(pending, _reply_bytes(who))
             pending = [i for i in pending if i not in found]
         # final but over the reply's bound: stored, so known, and listed pending
@@ -205,7 +216,7 @@ def get_results(body: ResultsRequest, who: Who) -> Results:
         return Results(
             results=list(found.values()),
             pending=[i for i in pending if i in known],
-            unknown=[i for i in pending if i not in known],
+            unknown=never + [i for i in pending if i not in known],
         )
 
 

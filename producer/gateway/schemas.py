@@ -3,7 +3,7 @@ sandbox_core's own JobSpec and JobResult)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,10 @@ MAX_IDS_PER_REQUEST = 1000
 MAX_WAIT_S = 60.0
 
 JobIdList = list[str]
+# A job id as a request names one: at most 128 characters, as every id is (JobSpec.id);
+# a longer one could name nothing, and 1,000 of 16 KB went to Redis at every poll of a
+# waiting /results (an attack review).
+JobId = Annotated[str, Field(min_length=1, max_length=128)]
 
 
 class _Body(BaseModel):
@@ -40,7 +44,7 @@ class JobProgress(BaseModel):
 
 
 class ResultsRequest(_Body):
-    ids: list[str] = Field(min_length=1, max_length=MAX_IDS_PER_REQUEST)
+    ids: list[JobId] = Field(min_length=1, max_length=MAX_IDS_PER_REQUEST)
     wait: float = Field(0.0, ge=0, le=MAX_WAIT_S, description="seconds to wait for one more")
 
 
@@ -53,7 +57,7 @@ class Results(BaseModel):
 
 
 class CancelRequest(_Body):
-    ids: list[str] = Field(min_length=1, max_length=MAX_IDS_PER_REQUEST)
+    ids: list[JobId] = Field(min_length=1, max_length=MAX_IDS_PER_REQUEST)
 
 
 class Cancelled(BaseModel):
@@ -62,7 +66,7 @@ class Cancelled(BaseModel):
 
 
 class SpecHashesRequest(_Body):
-    ids: list[str] = Field(min_length=1, max_length=MAX_IDS_PER_REQUEST)
+    ids: list[JobId] = Field(min_length=1, max_length=MAX_IDS_PER_REQUEST)
 
 
 class SpecHashes(BaseModel):

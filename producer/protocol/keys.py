@@ -115,3 +115,6 @@ class Keys:
 
     def joblist(self, name: str) -> str:  # zset qid -> submit time, for listings
         return f"{self.prefix}jobs:{name}"
+
+    def removed(self, name: str) -> str:  # a removed tenant's records may live: name held, TTL
+        return f"{self.prefix}removed:{name}"

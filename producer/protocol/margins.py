@@ -34,6 +34,12 @@ WORKER_SOFT_LIMIT_S = WORKER_HARD_LIMIT_S - 30.0
 # after that counts as a duplicate, and nothing is lost).
 STORE_TOKEN_TTL_S = int(RETRIES * (SOCKET_TIMEOUT_S + RETRY_CAP_S)) + 60
 
+# A removed tenant's name stays taken this long past its results' TTL: a job it had
+# dispatched may still end and be stored (and live its TTL from then) up to a visibility
+# timeout after the removal; a team given the name before could read it (an attack
+# review: the old team's results under their ids).
+REMOVED_NAME_HOLD_S = int(LONGEST_JOB_S + VISIBILITY_MARGIN_S) + 60
+
 # A job's running flag outlives its deadline by this much (slot wait, setup, storing), so
 # a killed pool process leaves no flag that claims a running job for long.
 RUNNING_MARGIN_S = 120.0

@@ -6,6 +6,7 @@ revoking one deletes its lookup, so the next request with it fails.
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from producer.protocol import margins
 from producer.protocol.errors import TenantError
 from producer.protocol.keys import Keys
 from producer.protocol.scripts import FarmScripts, loads
@@ -25,6 +27,11 @@ def text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _glob_escaped(text: str) -> str:
+    """``text`` as a Redis MATCH pattern that matches only itself."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 class TenantStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis = client
@@ -35,7 +42,8 @@ class TenantStore:
     def add(self, name: str, policy: Policy) -> None:
         if not TENANT_RE.fullmatch(name):
             raise TenantError(name, "a tenant name is 1-32 of [a-z0-9-], starting alphanumeric")
-        if self.redis.exists(self.keys.joblist(name)) and not self.get(name):
+        held = self.redis.exists(self.keys.joblist(name), self.keys.removed(name))
+        if held and not self.get(name):
             # a new team must not read a removed one's results under the old ids
             raise TenantError(
                 name,
@@ -127,13 +135,19 @@ class TenantStore:
         pipe.delete(self.keys.sizes(name), self.keys.queued(name))
         pipe.srem(self.keys.tenants, name)
         pipe.srem(self.keys.ready, name)
+        # The name stays taken while any of its results may live: those stored now, and
+        # those its dispatched jobs store as they end (the job list's TTL runs from the
+        # last submission, so it could go first: a review).
+        pipe.set(self.keys.removed(name), "1", ex=ttl + margins.REMOVED_NAME_HOLD_S)
         pipe.execute()
         if purge:
             self._purge(name)
         return cancelled, len(active)
 
     def _purge(self, name: str, chunk: int = 500) -> None:
-        """Delete every record of the tenant's jobs (listed in its job list)."""
+        """Delete every record of the tenant's jobs: those its job list names, then any
+        left under its name (the list drops entries by submission time, while a result
+        lives its TTL from when it was stored: a review), found by a scan of the keys."""
         listing = self.keys.joblist(name)
         while True:
             qids = [text(q) for q in self.redis.zrange(listing, 0, chunk - 1)]
@@ -141,21 +155,34 @@ class TenantStore:
                 break
             pipe = self.redis.pipeline(transaction=False)
             for qid in qids:
-                keys = self.keys
-                pipe.delete(
-                    keys.result(qid),
-                    keys.stored_by(qid),
-                    keys.job(qid),
-                    keys.message(qid),
-                    keys.attempts(qid),
-                )
+                pipe.delete(*self._records(qid))
             pipe.zrem(listing, *qids)
             pipe.execute()
+        for record in self._records(f"{name}/"):
+            batch: list[str] = []
+            for key in self.redis.scan_iter(match=_glob_escaped(record) + "*", count=1000):
+                batch.append(text(key))
+                if len(batch) >= chunk:
+                    self.redis.delete(*batch)
+                    batch = []
+            if batch:
+                self.redis.delete(*batch)
         self.redis.delete(listing, self.keys.bucket(name), self.keys.charged(name))
+        self.redis.delete(self.keys.removed(name))
         self.redis.delete(self.keys.sizes(name), self.keys.queued(name))
         # its place in fair share: a team added later under the name starts at the clock,
         # not behind the charges of jobs the purge left running
         self.redis.hdel(self.keys.vtime, name)
+
+    def _records(self, qid: str) -> tuple[str, ...]:
+        keys = self.keys
+        return (
+            keys.result(qid),
+            keys.stored_by(qid),
+            keys.job(qid),
+            keys.message(qid),
+            keys.attempts(qid),
+        )
 
     # --- API keys -----------------------------------------------------------------
 
