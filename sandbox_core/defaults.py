@@ -67,6 +67,12 @@ COLLECT_MAX_FILES = 64
 COLLECT_MAX_FILE_BYTES = 256 * KIB
 COLLECT_MAX_TOTAL_BYTES = 1 * MIB
 COLLECT_MAX_VISITED = 10_000  # directory entries looked at, whatever the workspace holds
+# A collect pattern's length, and the worker's time matching patterns against names: a
+# pattern's regex costs up to its length times the path's a name, and a crafted one cost
+# the worker ~2 ms a name, 23 s for one pattern over 10,000 names, past the job's timeout
+# and on no job's CPU (an attack review). Past the time, collect stops and says so.
+COLLECT_MAX_PATTERN_BYTES = 256
+COLLECT_MATCH_S = 1.0
 # A workspace holding more than this is removed before its job's result, in the job's own
 # time (its slot time, its tenant's fair share), not after it in the next job's: ~1 s to
 # remove 7 GB in 2 million files here, and a job makes that in seconds; 60 MB in 4,000

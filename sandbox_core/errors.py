@@ -8,6 +8,8 @@ and carries its data as attributes, not only as text.
     ├── ProtectionUnavailableError (PermissionError)  a required protection is missing here
     ├── BackendUnavailableError (RuntimeError)    the backend cannot run on this host at all
     ├── SlotBusyError (TimeoutError)              no sandbox slot became free in time
+    ├── CollectStoppedError                       collect's matching ran out of time: the
+    │                                             files found before, and how many omitted
     ├── SyscallPolicyError (ValueError)           the seccomp policy names an unknown call
     └── FarmError                                 the farm's own (producer.protocol.errors):
         ├── FarmUnavailableError (ConnectionError)    Redis does not answer: url, cause
@@ -24,6 +26,10 @@ Job problems (a job that fails, times out, floods) are never raised: they are st
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from sandbox_core import defaults as d
 
 
 class SandfarmError(Exception):
@@ -79,3 +85,15 @@ class SlotBusyError(SandfarmError, TimeoutError):
         self.waited_s = waited_s
         which = f"sandbox slot {index} not" if index is not None else "no sandbox slot"
         super().__init__(f"{which} free after {waited_s:.0f}s")
+
+
+class CollectStoppedError(SandfarmError):
+    """Collect matched patterns for its whole time (defaults.COLLECT_MATCH_S) and stopped:
+    ``files`` and ``omitted`` are what it found before."""
+
+    def __init__(self, files: list[Any], omitted: int) -> None:
+        self.files, self.omitted = files, omitted
+        super().__init__(
+            f"collect stopped after {d.COLLECT_MATCH_S:g} s of matching its patterns:"
+            " files past that were not looked at"
+        )

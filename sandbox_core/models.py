@@ -80,7 +80,11 @@ def _relative_path(value: str) -> str:
 
 
 def _glob_pattern(value: str) -> str:
-    # A glob is checked like a path: no absolute patterns, no "..", no NUL.
+    # A glob is checked like a path: no absolute patterns, no "..", no NUL; and short
+    # (collectmatch.py says why).
+    size = len(_utf8(value))
+    if size > d.COLLECT_MAX_PATTERN_BYTES:
+        raise ValueError(f"is {size} bytes; the maximum is {d.COLLECT_MAX_PATTERN_BYTES}")
     try:
         check_relative_path(value)
     except PathEscapeError as exc:

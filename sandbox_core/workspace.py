@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
-import fnmatch
 import os
 import secrets
 import shutil
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox_core import defaults as d
+from sandbox_core.collectmatch import Matcher, OutOfTime
+from sandbox_core.errors import CollectStoppedError
 from sandbox_core.models import CollectedFile
 from sandbox_core.output import HeadTailBuffer, _complete_prefix_length, json_size
 from sandbox_core.pathguard import resolve_inside
@@ -190,9 +191,10 @@ class Workspace:
         max_file_bytes: int = d.COLLECT_MAX_FILE_BYTES,
         max_total_bytes: int = d.COLLECT_MAX_TOTAL_BYTES,
     ) -> tuple[list[CollectedFile], int]:
-        """Files matching any pattern (fnmatch; ``*`` also crosses ``/``), bounded.
+        """Files matching any pattern (collectmatch.py), bounded.
 
-        Returns the files and how many matching files were left out.
+        Returns the files and how many matching files were left out;
+        CollectStoppedError (carrying both) once matching has used its time.
         """
         patterns = list(patterns)
         if not patterns or not self.work.is_dir():
@@ -200,15 +202,22 @@ class Workspace:
         collected: list[CollectedFile] = []
         omitted = 0
         budget = max_total_bytes
-        for rel in self._regular_files():
-            if not any(fnmatch.fnmatchcase(rel, pat) for pat in patterns):
-                continue
-            if len(collected) >= max_files or budget <= 0:
-                omitted += 1
-                continue
-            with contextlib.suppress(OSError):
-                collected.append(self._read_collected(rel, min(max_file_bytes, budget)))
+        matcher = Matcher(patterns)
+        try:
+            for rel in self._regular_files():
+                if not matcher.matches(rel):
+                    continue
+                if len(collected) >= max_files or budget <= 0:
+                    omitted += 1
+                    continue
+                try:
+                    collected.append(self._read_collected(rel, min(max_file_bytes, budget)))
+                except OSError:  # gone meanwhile, or a path too long to open: left out
+                    omitted += 1
+                    continue
                 budget -= json_size(collected[-1].content)
+        except OutOfTime:
+            raise CollectStoppedError(collected, omitted) from None
         return collected, omitted
 
     def _read_collected(self, rel: str, limit: int) -> CollectedFile:

@@ -45,10 +45,13 @@ class TenantStore:
         held = self.redis.exists(self.keys.joblist(name), self.keys.removed(name))
         if held and not self.get(name):
             # a new team must not read a removed one's results under the old ids
+            left = max(0, int(self.redis.ttl(self.keys.removed(name))))
             raise TenantError(
                 name,
-                "a removed tenant's job records still hold this name until they expire:"
-                f" choose another, or delete them (sandfarm tenant remove {name} --purge)",
+                "a removed tenant's job records still hold this name until they expire"
+                + (f" (in {left} s at the latest)" if left else "")
+                + f": choose another, or delete them (sandfarm tenant remove {name} --purge;"
+                " jobs it still has running hold the name until they end)",
             )
         if not self.redis.set(self.keys.tenant(name), policy.model_dump_json(), nx=True):
             raise TenantError(name, "already exists (tenant set changes it)")
@@ -104,6 +107,11 @@ class TenantStore:
             self._purge(name)
             return 0, 0
         ttl = self.policy(name).result_ttl_s  # its results', as its workers store them
+        # The name stays taken while any of its results may live: those stored now (this
+        # TTL), those its running jobs store as they end (each with the TTL it was
+        # submitted with: a job record's TTL left is at least its result's to come, a
+        # review found the policy's lowered since), and results stored before.
+        hold = max(ttl, self._longest_ttl(name)) + margins.REMOVED_NAME_HOLD_S
         for key_id in list(self.key_ids(name)):
             self.revoke_key(name, key_id)
         # Take the waiting jobs out of dispatch's reach first, in one step: cancelling
@@ -135,10 +143,9 @@ class TenantStore:
         pipe.delete(self.keys.sizes(name), self.keys.queued(name))
         pipe.srem(self.keys.tenants, name)
         pipe.srem(self.keys.ready, name)
-        # The name stays taken while any of its results may live: those stored now, and
-        # those its dispatched jobs store as they end (the job list's TTL runs from the
-        # last submission, so it could go first: a review).
-        pipe.set(self.keys.removed(name), "1", ex=ttl + margins.REMOVED_NAME_HOLD_S)
+        # (the job list's TTL runs from the last submission, so it could go first: a
+        # review); lib_store keeps a result stored later within it
+        pipe.set(self.keys.removed(name), "1", ex=hold)
         pipe.execute()
         if purge:
             self._purge(name)
@@ -148,6 +155,14 @@ class TenantStore:
         """Delete every record of the tenant's jobs: those its job list names, then any
         left under its name (the list drops entries by submission time, while a result
         lives its TTL from when it was stored: a review), found by a scan of the keys."""
+        # First: jobs it still has dispatched may store results, during the purge or
+        # after. Then the name stays held as long as they may, no longer, and lib_store
+        # keeps such a result within the hold (a review: with the hold deleted, a result
+        # stored after the purge outlived it, and a new team under the name read it).
+        # With none, the name is free at the end.
+        running = self.redis.zcard(self.keys.active(name))
+        if running:
+            self.redis.set(self.keys.removed(name), "1", ex=margins.REMOVED_NAME_HOLD_S)
         listing = self.keys.joblist(name)
         while True:
             qids = [text(q) for q in self.redis.zrange(listing, 0, chunk - 1)]
@@ -168,11 +183,25 @@ class TenantStore:
             if batch:
                 self.redis.delete(*batch)
         self.redis.delete(listing, self.keys.bucket(name), self.keys.charged(name))
-        self.redis.delete(self.keys.removed(name))
         self.redis.delete(self.keys.sizes(name), self.keys.queued(name))
+        if not running:
+            self.redis.delete(self.keys.removed(name))
         # its place in fair share: a team added later under the name starts at the clock,
         # not behind the charges of jobs the purge left running
         self.redis.hdel(self.keys.vtime, name)
+
+    def _longest_ttl(self, name: str) -> int:
+        """The longest TTL left of the tenant's job records and results (0 if none),
+        found by a scan of the keys (an operator's command)."""
+        longest = 0
+        for record in (self.keys.job(f"{name}/"), self.keys.result(f"{name}/")):
+            found = [text(k) for k in self.redis.scan_iter(match=_glob_escaped(record) + "*")]
+            for start in range(0, len(found), 1000):
+                pipe = self.redis.pipeline(transaction=False)
+                for key in found[start : start + 1000]:
+                    pipe.ttl(key)
+                longest = max([longest, *(int(t) for t in pipe.execute())])
+        return longest
 
     def _records(self, qid: str) -> tuple[str, ...]:
         keys = self.keys

@@ -20,7 +20,12 @@ from sandbox_core.backends.outcome import (
     job_status,
     status_message,
 )
-from sandbox_core.errors import PolicyError, ProtectionUnavailableError, SandfarmError
+from sandbox_core.errors import (
+    CollectStoppedError,
+    PolicyError,
+    ProtectionUnavailableError,
+    SandfarmError,
+)
 from sandbox_core.expected import mismatch
 from sandbox_core.models import (
     BashStep,
@@ -181,6 +186,9 @@ class Backend(ABC):
                 phases.prewarmed = session.prewarmed
                 try:
                     result.files, result.files_omitted = session.collect(spec.collect)
+                except CollectStoppedError as exc:  # what it found stands, and why it stopped
+                    result.files, result.files_omitted = exc.files, exc.omitted
+                    result.message = str(exc)
                 except (SandfarmError, OSError) as exc:  # the steps' results still stand
                     result.message = f"collecting files failed: {exc}"
                 phases.collect_ms = lap()

@@ -69,3 +69,40 @@ def test_cancelled_jobs_in_a_queue_cost_each_dispatch_little(redis_url: str) -> 
         assert r.llen(keys.pending("a-attacker")) == 0  # the dead entries still go
         assert calls <= CANCELLED // MAX_DEAD_POPS + 2, calls
         assert slowest < 0.5, slowest
+
+
+def test_a_tenants_dead_entries_never_hold_up_anothers_jobs(redis_url: str) -> None:
+    """A bound on the dead pops of a whole call let a tenant whose virtual time was
+    lowest end call after call at its bound while another's jobs waited with slots
+    free (a review of the first fix: 78 calls in a row moved nothing). Past its own
+    bound a tenant is out of the call, and the others' jobs move in it."""
+    with private_db(redis_url) as url:
+        tag = uuid.uuid4().hex[:6]
+        settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:")
+        r = connect(url)
+        keys = settings.keys
+        scripts = FarmScripts(r, settings)
+        policy = Policy(max_queued=100_000)
+        victim = TenantJobs(r, settings, "b-victim")
+        victim.tenants.add("b-victim", policy)
+        announce_worker(r, settings, slots=1)
+        long_jobs = [
+            JobSpec.model_validate({"id": f"v{i}", "command": "true", "limits": {"timeout_s": 600}})
+            for i in range(13)
+        ]
+        victim.submit(long_jobs, None, all_or_nothing=True)  # some dispatched: charged 600 s
+        in_flight = r.zcard(keys.active("b-victim"))
+        assert in_flight >= 1
+        attacker = TenantJobs(r, settings, "a-attacker")
+        attacker.tenants.add("a-attacker", policy)
+        attacker.submit(_specs("c", CANCELLED), None, all_or_nothing=True)
+        for i in range(CANCELLED):
+            assert attacker.cancel(f"c{i}")
+        # the attacker starts at the farm's clock, below the victim's charges: its dead
+        # entries come first
+        vtime = {k.decode(): float(v) for k, v in r.hgetall(keys.vtime).items()}
+        assert vtime["a-attacker"] + CANCELLED * 0.01 < vtime["b-victim"], vtime
+        announce_worker(r, settings, slots=in_flight + 5)  # five slots free up
+        moved = scripts.dispatch()
+        assert moved >= 5, moved  # the victim's jobs moved in the same call
+        assert CANCELLED - r.llen(keys.pending("a-attacker")) <= MAX_DEAD_POPS

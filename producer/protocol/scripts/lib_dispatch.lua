@@ -165,12 +165,16 @@ local function recover(prefix, queue, now, expiry_s)
   end
 end
 
--- Queue entries one dispatch may pop without moving a job (cancelled while waiting, or
--- expired): each costs its tenant MIN_CHARGE_S, and the rest wait for the next call. A
--- tenant that cancelled 21,000 of its queued jobs made one call pop them all, re-reading
--- every tenant's state at each pop: 4.4 s with 47 tenants waiting, Redis frozen for all
--- (an attack review).
+-- Queue entries one dispatch may pop of one tenant without moving a job (cancelled
+-- while waiting, or expired): each costs its tenant MIN_CHARGE_S; past them the tenant is
+-- out of this call's choice and the others still move; the rest wait for the next call.
+-- A tenant that cancelled 21,000 of its queued jobs made one call pop them all,
+-- re-reading every tenant's state at each pop: 4.4 s with 47 tenants waiting, Redis
+-- frozen for all (an attack review); a bound on the call alone let its dead entries
+-- end 78 calls in a row that moved nothing while others waited (a review of that fix).
+-- MAX_DEAD_POPS_IN_ALL bounds a call whatever the number of tenants.
 local MAX_DEAD_POPS = 256
+local MAX_DEAD_POPS_IN_ALL = 16 * MAX_DEAD_POPS
 
 -- The tenants with waiting jobs, read once a call: name -> {cap, w, running, v}.
 local function waiting_tenants(prefix, now)
@@ -212,7 +216,7 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
   if room <= 0 then return 0 end
   local tenants = waiting_tenants(prefix, now)
   local moved, dead = 0, 0
-  while moved < max_moves and room > 0 and dead < MAX_DEAD_POPS do
+  while moved < max_moves and room > 0 and dead < MAX_DEAD_POPS_IN_ALL do
     local best, c = next_tenant(tenants)
     if best == nil then break end
     local pending = prefix .. 'pending:' .. best
@@ -246,8 +250,10 @@ local function dispatch(prefix, queue, margin, max_moves, expiry_s)
       room = room - 1
     else
       dead = dead + 1
+      c.dead = (c.dead or 0) + 1
       c.v = c.v + MIN_CHARGE_S / c.w  -- a pop is work: the next turn may be another's
       redis.call('HSET', prefix .. 'vtime', best, c.v)
+      if c.dead >= MAX_DEAD_POPS then tenants[best] = nil end
     end
   end
   return moved

@@ -108,12 +108,21 @@ local function store(K, A, token, token_ttl)
     local today = charged_on == A[7] and charged or 0
     payload = within_budget(prefix, tenant, usage, payload, qid, A[8], K[2], today)
   end
-  if redis.call('SET', K[1], payload, 'NX', 'EX', A[2]) then
+  -- A removed tenant's name is held while its results may live (removed:<tenant>, set
+  -- by `tenant remove`): a result its jobs store later lives no longer than that, so the
+  -- name is never given to a new team while one does (a review: stored after a purge,
+  -- a new team under the name read it).
+  local ttl = tonumber(A[2])
+  if tenant ~= '' then
+    local held = redis.call('TTL', prefix .. 'removed:' .. tenant)
+    if held > 0 and held < ttl then ttl = held end
+  end
+  if redis.call('SET', K[1], payload, 'NX', 'EX', ttl) then
     redis.call('SET', K[7], token, 'EX', token_ttl)
     if K[2] ~= '' then
       redis.call('RPUSH', K[2], qid)
       redis.call('LTRIM', K[2], -tonumber(A[4]), -1)
-      redis.call('EXPIRE', K[2], A[2])
+      redis.call('EXPIRE', K[2], ttl)
     end
     redis.call('ZREM', K[4], qid)
     redis.call('DEL', K[5])
@@ -121,7 +130,7 @@ local function store(K, A, token, token_ttl)
     -- The job's record (its spec hash: a resubmission of the id with other code is a
     -- conflict) lives as long as its result, never less: its TTL ran from submission.
     local left = redis.call('TTL', record)
-    if left >= 0 and left < tonumber(A[2]) then redis.call('EXPIRE', record, A[2]) end
+    if left >= 0 and left < ttl then redis.call('EXPIRE', record, ttl) end
     -- the counters: one HINCRBY each, bucket chosen by the caller (fixed bounds)
     local backend = A[16]
     local who = tenant ~= '' and tenant or 'none'

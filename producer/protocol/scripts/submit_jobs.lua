@@ -35,6 +35,30 @@ local function refused(reason, count)
   redis.call('EXPIRE', stats, ARGV[14])
 end
 
+-- The tenant's token bucket: ``cost`` tokens taken, or the refusal to return (``new``:
+-- the jobs the call would have admitted, 0 while not yet known).
+local function take_tokens(cost, new)
+  local bucket = prefix .. 'bucket:' .. tenant
+  local tokens = tonumber(redis.call('HGET', bucket, 'tokens') or burst)
+  local last = tonumber(redis.call('HGET', bucket, 'ts') or now)
+  tokens = math.min(burst, tokens + (now - last) * rate)
+  if tokens < cost then
+    refused('rate', n)
+    return {'rate', tostring(math.ceil((cost - tokens) / rate * 1000)), new}
+  end
+  redis.call('HSET', bucket, 'tokens', tostring(tokens - cost), 'ts', tostring(now))
+  redis.call('EXPIRE', bucket, math.ceil(burst / rate) + 60)
+  return nil
+end
+
+-- Every call takes a token first, its new jobs one each after the first: a call is work
+-- (a read of each id, a dispatch) whatever it admits, and calls of known or conflicting
+-- ids took none (an attack review: 92 calls of 1,000 ids in 3 s under a rate of 1).
+if rate then
+  local no = take_tokens(1, 0)
+  if no then return no end
+end
+
 local codes, new, conflicts, charge, least = {}, 0, {}, 0, nil
 for i = 0, n - 1 do
   local qid, hash = ARGV[15 + 4 * i], ARGV[16 + 4 * i]
@@ -62,28 +86,6 @@ if mode == 'all' and #conflicts > 0 then
 end
 if #conflicts > 0 then refused('conflict', #conflicts) end
 
--- The tenant's token bucket: ``cost`` tokens taken, or the refusal to return.
-local function take_tokens(cost)
-  local bucket = prefix .. 'bucket:' .. tenant
-  local tokens = tonumber(redis.call('HGET', bucket, 'tokens') or burst)
-  local last = tonumber(redis.call('HGET', bucket, 'ts') or now)
-  tokens = math.min(burst, tokens + (now - last) * rate)
-  if tokens < cost then
-    refused('rate', n)
-    return {'rate', tostring(math.ceil((cost - tokens) / rate * 1000)), new}
-  end
-  redis.call('HSET', bucket, 'tokens', tostring(tokens - cost), 'ts', tostring(now))
-  redis.call('EXPIRE', bucket, math.ceil(burst / rate) + 60)
-  return nil
-end
-
--- A call that admits nothing new (every id known) is still work (a read of each, a
--- dispatch): a token a call, so a rate limit bounds it too (an attack review: 10 calls
--- of 1,000 known ids in 0.5 s under a rate of 1).
-if rate and new == 0 then
-  local no = take_tokens(1)
-  if no then return no end
-end
 
 if new > 0 then
   if budget then
@@ -122,8 +124,8 @@ if new > 0 then
     refused('queue_bytes', n)
     return {'queue_bytes', held, adding, max_bytes}
   end
-  if rate then
-    local no = take_tokens(new)
+  if rate and new > 1 then
+    local no = take_tokens(new - 1, new)
     if no then return no end
   end
   -- a tenant with nothing waiting or running starts at the farm's clock

@@ -7,7 +7,6 @@ their output by sizes it listed first.
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
 import tarfile
@@ -16,8 +15,10 @@ from dataclasses import dataclass
 
 from sandbox_core import defaults as d
 from sandbox_core.backends.docker.containers import WORKSPACE
+from sandbox_core.collectmatch import Matcher, OutOfTime
+from sandbox_core.errors import CollectStoppedError
 from sandbox_core.models import CollectedFile
-from sandbox_core.output import HeadTailBuffer
+from sandbox_core.output import HeadTailBuffer, json_size
 from sandbox_core.workspace import encode_collected
 
 MAX_LISTED_FILES = 10_000
@@ -27,20 +28,27 @@ HelperRun = Callable[[list[str], bytes | None, int], bytes]
 
 @dataclass
 class CollectPlan:
-    """Which matching files come whole (one tar), which by their head, how many not."""
+    """Which matching files come whole (one tar), which by their head, how many not;
+    ``stopped``: matching used its time (collectmatch.py) before the listing's end."""
 
     whole: list[str]
     partial: list[tuple[str, int]]
     omitted: int
+    stopped: bool = False
 
 
 def plan_collect(sizes: dict[str, int], patterns: list[str]) -> CollectPlan:
     """Plan from the listed sizes within the collect bounds (files, bytes per file, total)."""
     plan = CollectPlan([], [], 0)
     budget = d.COLLECT_MAX_TOTAL_BYTES
+    matcher = Matcher(patterns)
     for name in sorted(sizes):
-        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
-            continue
+        try:
+            if not matcher.matches(name):
+                continue
+        except OutOfTime:
+            plan.stopped = True
+            break
         limit = min(d.COLLECT_MAX_FILE_BYTES, budget)
         if len(plan.whole) + len(plan.partial) >= d.COLLECT_MAX_FILES or limit <= 0:
             plan.omitted += 1
@@ -135,10 +143,18 @@ class FileTransfer:
         contents = self.whole_files(plan.whole, sizes)
         for name, limit in plan.partial:
             contents[name] = self.head(name, limit)
-        collected = [
-            encode_collected(name, sizes[name], contents[name], len(contents[name]) or 1)
-            for name in sorted(contents)
-            if name in sizes
-        ]
+        # Each file within what is left of the budget as serialised, as L1's collect:
+        # its raw size as the limit turned every text file with an escape into base64
+        # of three quarters of it (a review).
+        collected: list[CollectedFile] = []
+        budget = d.COLLECT_MAX_TOTAL_BYTES
+        for name in sorted(contents):
+            limit = min(d.COLLECT_MAX_FILE_BYTES, budget)
+            if name in sizes and limit > 0:  # else left out, counted below
+                collected.append(encode_collected(name, sizes[name], contents[name], limit))
+                budget -= json_size(collected[-1].content)
         wanted = len(plan.whole) + len(plan.partial)
-        return collected, plan.omitted + wanted - len(collected)
+        omitted = plan.omitted + wanted - len(collected)
+        if plan.stopped:
+            raise CollectStoppedError(collected, omitted)
+        return collected, omitted

@@ -1,0 +1,73 @@
+"""What collecting a job's files may cost the worker: patterns are matched by the worker,
+on no job's CPU and after the job's steps, so a pattern whose regex backtracks over long
+paths made one job cost the worker ~23 s of CPU per pattern (up to 32), past the job's
+timeout (an attack review). Patterns are at most COLLECT_MAX_PATTERN_BYTES and matching
+stops after COLLECT_MATCH_S, saying so."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import time
+
+import pytest
+
+from sandbox_core import SpecError, parse_spec
+from sandbox_core import defaults as d
+from sandbox_core.collectmatch import Matcher, OutOfTime
+
+# A chain of 14 directories of 250-character names, and 9,000 files at its end: every
+# path ~3.7 KB, each tried against every pattern.
+LONG_PATHS = r"""
+import os
+d = "/".join(["a" * 250] * 14)
+os.makedirs(d)
+for i in range(9000):
+    open(os.path.join(d, "%04d" % i + "a" * 150), "w").close()
+print(len(d) + 155)
+"""
+# The longest pattern allowed: "*", then fixed-width runs the regex retries from every
+# position the "*" could end at (a [/a] class lets it span directories).
+SLOW = "*" + ("?" * 60 + "[/a]") * 3 + "?" * 20 + "b"  # 214 bytes; +31 "?" at most
+
+
+def _paths() -> list[str]:
+    d_ = "/".join(["a" * 250] * 14)
+    return [f"{d_}/{i:04d}" + "a" * 150 for i in range(9000)]
+
+
+def test_a_pattern_costs_the_worker_at_most_its_time(run):
+    assert len(SLOW.encode()) <= d.COLLECT_MAX_PATTERN_BYTES
+    patterns = [SLOW + "?" * k for k in range(d.MAX_COLLECT_PATTERNS)]
+    # The attack, unconfined: 200 of the job's paths against every pattern, timed, and
+    # extrapolated to all of them: far past the matching time.
+    paths = _paths()
+    compiled = [re.compile(fnmatch.translate(p)) for p in patterns]
+    start = time.perf_counter()
+    for path in paths[:200]:
+        assert not any(c.match(path) for c in compiled)
+    unbounded_s = (time.perf_counter() - start) * len(paths) / 200
+    assert unbounded_s > 10 * d.COLLECT_MATCH_S, unbounded_s
+    result = run(code=LONG_PATHS, collect=patterns, limits={"timeout_s": 60})
+    assert result.steps[0].status == "succeeded", result.steps[0]  # the tree was made
+    assert int(result.steps[0].stdout) > 3500  # paths of ~3.7 KB
+    collect_ms = result.timings.phases.collect_ms
+    assert collect_ms is not None and collect_ms < 1000 * (d.COLLECT_MATCH_S + 2), collect_ms
+    assert "collect stopped after" in (result.message or ""), result.message
+    assert result.files == []
+
+
+@pytest.mark.no_backend
+def test_a_pattern_over_its_bound_is_refused_naming_it():
+    with pytest.raises(SpecError) as caught:
+        parse_spec({"command": "true", "collect": ["out/*", "x" * 257]})
+    assert caught.value.field == "collect.1" and "257 bytes" in caught.value.reason
+
+
+@pytest.mark.no_backend
+def test_matching_stops_once_its_time_is_up():
+    matcher = Matcher(["*.txt"], budget_s=0.05)
+    assert matcher.matches("a/b.txt") and not matcher.matches("a/b.py")
+    time.sleep(0.06)
+    with pytest.raises(OutOfTime):
+        matcher.matches("c.txt")
