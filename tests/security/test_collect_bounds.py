@@ -71,3 +71,21 @@ def test_matching_stops_once_its_time_is_up():
     time.sleep(0.06)
     with pytest.raises(OutOfTime):
         matcher.matches("c.txt")
+
+
+def test_text_files_come_back_as_text_on_every_backend(run):
+    """Docker budgeted each collected file by its raw size: any newline, quote or tab
+    made its JSON longer, so every ordinary text file came back as base64 of three
+    quarters of it, marked truncated (a review). Now as L1/L2: by its size serialised."""
+    code = (
+        "open('out.txt', 'w').write('line one\\nline \"two\"\\n')\n"
+        "open('big.txt', 'w').write(''.join(f'{i}\\n' for i in range(1, 20001)))"
+    )
+    result = run(code=code, collect=["*.txt"])
+    assert result.status == "succeeded", result
+    files = {f.path: f for f in result.files}
+    assert files["out.txt"].content == 'line one\nline "two"\n', files["out.txt"]
+    big = files["big.txt"]
+    assert (big.encoding, big.truncated) == ("utf-8", False), (big.encoding, big.truncated)
+    assert big.content == "".join(f"{i}\n" for i in range(1, 20001))
+    assert result.files_omitted == 0
