@@ -185,6 +185,7 @@ class Limits(_Strict):
 
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_PLAIN_LABEL_RE = re.compile(r"[A-Za-z0-9._:@/-]*")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
@@ -254,10 +255,16 @@ class JobSpec(_Strict):
     def summary(self, tenant: str | None = None) -> str:
         """A short, code-free description for logs and Flower."""
         kinds = ",".join(step.kind for step in self.steps)
-        labels = " ".join(f"{k}={v}" for k, v in list(self.labels.items())[:4])
+        labels = " ".join(f"{_shown(k)}={_shown(v)}" for k, v in list(self.labels.items())[:4])
         who = f"tenant={tenant} " if tenant else ""
         backend = self.backend or "default"
         return f"{who}job={self.id or '-'} backend={backend} steps=[{kinds}] {labels}"
+
+
+def _shown(text: str) -> str:
+    """A label's key or value as a summary line shows it: plain, or quoted with escapes
+    (a tenant's newline or "x tenant=bob" faked lines and names in Flower: a review)."""
+    return text if _PLAIN_LABEL_RE.fullmatch(text) else repr(text)
 
 
 class StepResult(_Strict):

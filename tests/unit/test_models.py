@@ -126,3 +126,25 @@ def test_result_schema_round_trips():
     result = JobResult(id="a", status=Status.SUCCEEDED)
     assert JobResult.model_validate_json(result.model_dump_json()) == result
     assert "properties" in JobSpec.model_json_schema()
+
+
+def test_a_jobs_summary_shows_labels_so_they_cannot_fake_lines_or_names() -> None:
+    """Labels went raw into the summary Flower and the logs show: a newline faked a line,
+    "x tenant=bob" another tenant's name (a review). Plain ones read as before; others
+    are quoted, their control characters escaped."""
+    from sandbox_core import parse_spec
+
+    spec = parse_spec(
+        {
+            "command": "true",
+            "labels": {
+                "task": "HumanEval/1",
+                "a": "1\nTask sandbox.run[victim] ok",
+                "x": "y tenant=bob",
+            },
+        }
+    )
+    line = spec.summary("alice")
+    assert "\n" not in line and line.startswith("tenant=alice ")
+    assert "task=HumanEval/1" in line
+    assert "a='1\\nTask sandbox.run[victim] ok'" in line and "x='y tenant=bob'" in line
