@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 from sandbox_core import defaults as d
 
+PATH_MAX = 4096  # linux/limits.h, in bytes; characters are at least as few
+
 
 class OutOfTime(Exception):
     """Matching used up its time (the caller says what it found before)."""
@@ -28,7 +30,14 @@ class Matcher:
         self._deadline = time.monotonic() + budget_s
 
     def matches(self, path: str) -> bool:
-        """Whether any pattern matches ``path``; OutOfTime once the time is up."""
-        if time.monotonic() > self._deadline:
-            raise OutOfTime
-        return any(pattern.match(path) for pattern in self._compiled)
+        """Whether any pattern matches ``path``; OutOfTime once the time is up. A path
+        longer than PATH_MAX never does: it could not be opened to collect it, and one
+        of 4 MB in a container's listing cost 17 s over 32 patterns (a review)."""
+        if len(path) > PATH_MAX:
+            return False
+        for pattern in self._compiled:
+            if time.monotonic() > self._deadline:
+                raise OutOfTime
+            if pattern.match(path):
+                return True
+        return False

@@ -107,13 +107,13 @@ class TenantStore:
             self._purge(name)
             return 0, 0
         ttl = self.policy(name).result_ttl_s  # its results', as its workers store them
+        for key_id in list(self.key_ids(name)):
+            self.revoke_key(name, key_id)
         # The name stays taken while any of its results may live: those stored now (this
         # TTL), those its running jobs store as they end (each with the TTL it was
         # submitted with: a job record's TTL left is at least its result's to come, a
         # review found the policy's lowered since), and results stored before.
         hold = max(ttl, self._longest_ttl(name)) + margins.REMOVED_NAME_HOLD_S
-        for key_id in list(self.key_ids(name)):
-            self.revoke_key(name, key_id)
         # Take the waiting jobs out of dispatch's reach first, in one step: cancelling
         # them one by one while they are still listed let each cancel free a dispatch
         # slot that dispatch refilled from the same list (hundreds of dead messages in
@@ -195,7 +195,8 @@ class TenantStore:
         found by a scan of the keys (an operator's command)."""
         longest = 0
         for record in (self.keys.job(f"{name}/"), self.keys.result(f"{name}/")):
-            found = [text(k) for k in self.redis.scan_iter(match=_glob_escaped(record) + "*")]
+            pattern = _glob_escaped(record) + "*"
+            found = [text(k) for k in self.redis.scan_iter(match=pattern, count=1000)]
             for start in range(0, len(found), 1000):
                 pipe = self.redis.pipeline(transaction=False)
                 for key in found[start : start + 1000]:

@@ -172,6 +172,7 @@ class Backend(ABC):
         )
         phases = result.timings.phases
         lap = Lap()
+        collect_note: str | None = None
         try:
             self.check(spec)
             with self.open_session(spec) as session:
@@ -188,13 +189,16 @@ class Backend(ABC):
                     result.files, result.files_omitted = session.collect(spec.collect)
                 except CollectStoppedError as exc:  # what it found stands, and why it stopped
                     result.files, result.files_omitted = exc.files, exc.omitted
-                    result.message = str(exc)
+                    collect_note = str(exc)
                 except (SandfarmError, OSError) as exc:  # the steps' results still stand
-                    result.message = f"collecting files failed: {exc}"
+                    collect_note = f"collecting files failed: {exc}"
                 phases.collect_ms = lap()
             phases.teardown_ms = lap()
             result.status = job_status(result.steps)
-            result.message = result.message or status_message(result.steps, result.status)
+            # the steps' word first; collect's after it (a review: a timed-out job read
+            # only "collect stopped")
+            said = [status_message(result.steps, result.status), collect_note]
+            result.message = "; ".join(m for m in said if m) or None
         except (ProtectionUnavailableError, PolicyError) as exc:
             result.status, result.message = Status.REJECTED, str(exc)
         except Exception as exc:  # the farm failed (never the job): keep what ran

@@ -21,6 +21,7 @@ from sandbox_core.errors import SandfarmError
 from sandbox_core.seccomp.arches import ARCHES, Arch
 
 EPERM, ENOSYS, EAFNOSUPPORT = errno.EPERM, errno.ENOSYS, errno.EAFNOSUPPORT
+EOPNOTSUPP = errno.EOPNOTSUPP
 ALL_ARCHES = tuple(ARCHES)
 DEFAULT_ERRNO = EPERM  # a call the table knows and no rule allows
 NEWER_ERRNO = ENOSYS  # a number above the table: a newer kernel's call, glibc falls back
@@ -93,39 +94,40 @@ def _names(text: str) -> tuple[str, ...]:
 # moby's default profile (github.com/moby/profiles seccomp/default.json at 3c28324,
 # 2026-05-06, vendored by moby/moby): the calls it allows every container unconditionally,
 # without a capability, that both x86_64 and aarch64 have. Left out: socketpair,
-# personality and setsockopt (rules below), and the 32-bit-only names (_llseek, ...).
+# personality, setsockopt, the io_* calls, memfd_secret, fadvise64, preadv2 and pwritev2
+# (rules below), and the 32-bit-only names (_llseek, ...).
 MOBY_COMMON = _names("""
-    accept accept4 adjtimex bind brk cachestat capget capset chdir clock_adjtime clock_getres
-    clock_gettime clock_nanosleep close close_range connect copy_file_range dup dup3
-    epoll_create1 epoll_ctl epoll_pwait epoll_pwait2 eventfd2 execve execveat exit exit_group
-    faccessat faccessat2 fadvise64 fallocate fanotify_mark fchdir fchmod fchmodat fchmodat2
+    accept accept4 adjtimex bind brk cachestat capget capset chdir clock_adjtime
+    clock_getres clock_gettime clock_nanosleep close close_range connect copy_file_range dup
+    dup3 epoll_create1 epoll_ctl epoll_pwait epoll_pwait2 eventfd2 execve execveat exit
+    exit_group faccessat faccessat2 fallocate fanotify_mark fchdir fchmod fchmodat fchmodat2
     fchown fchownat fcntl fdatasync fgetxattr flistxattr flock fremovexattr fsetxattr fstat
     fstatfs fsync ftruncate futex futex_requeue futex_wait futex_waitv futex_wake
     get_robust_list getcpu getcwd getdents64 getegid geteuid getgid getgroups getitimer
     getpeername getpgid getpid getppid getpriority getrandom getresgid getresuid getrlimit
     getrusage getsid getsockname getsockopt gettid gettimeofday getuid getxattr getxattrat
-    inotify_add_watch inotify_init1 inotify_rm_watch io_cancel io_destroy io_getevents
-    io_pgetevents io_setup io_submit ioctl ioprio_get ioprio_set kill landlock_add_rule
-    landlock_create_ruleset landlock_restrict_self lgetxattr linkat listen listmount listxattr
-    listxattrat llistxattr lremovexattr lseek lsetxattr madvise map_shadow_stack membarrier
-    memfd_create memfd_secret mincore mkdirat mknodat mlock mlock2 mlockall mmap mprotect
-    mq_getsetattr mq_notify mq_open mq_timedreceive mq_timedsend mq_unlink mremap mseal msgctl
-    msgget msgrcv msgsnd msync munlock munlockall munmap name_to_handle_at nanosleep newfstatat
-    openat openat2 pidfd_open pidfd_send_signal pipe2 pkey_alloc pkey_free pkey_mprotect ppoll
-    prctl pread64 preadv preadv2 prlimit64 process_mrelease pselect6 pwrite64 pwritev pwritev2
-    read readahead readlinkat readv recvfrom recvmmsg recvmsg remap_file_pages removexattr
-    removexattrat renameat renameat2 restart_syscall rseq rt_sigaction rt_sigpending
-    rt_sigprocmask rt_sigqueueinfo rt_sigreturn rt_sigsuspend rt_sigtimedwait rt_tgsigqueueinfo
-    sched_get_priority_max sched_get_priority_min sched_getaffinity sched_getattr sched_getparam
-    sched_getscheduler sched_rr_get_interval sched_setaffinity sched_setattr sched_setparam
-    sched_setscheduler sched_yield seccomp semctl semget semop semtimedop sendfile sendmmsg
-    sendmsg sendto set_robust_list set_tid_address setfsgid setfsuid setgid setgroups setitimer
-    setpgid setpriority setregid setresgid setresuid setreuid setrlimit setsid setuid
-    setxattr setxattrat shmat shmctl shmdt shmget shutdown sigaltstack signalfd4 splice statfs
-    statmount statx symlinkat sync sync_file_range syncfs sysinfo tee tgkill timer_create
-    timer_delete timer_getoverrun timer_gettime timer_settime timerfd_create timerfd_gettime
-    timerfd_settime times tkill truncate umask uname unlinkat utimensat vmsplice wait4 waitid
-    write writev
+    inotify_add_watch inotify_init1 inotify_rm_watch ioctl ioprio_get ioprio_set kill
+    landlock_add_rule landlock_create_ruleset landlock_restrict_self lgetxattr linkat listen
+    listmount listxattr listxattrat llistxattr lremovexattr lseek lsetxattr madvise
+    map_shadow_stack membarrier memfd_create mincore mkdirat mknodat mlock mlock2 mlockall
+    mmap mprotect mq_getsetattr mq_notify mq_open mq_timedreceive mq_timedsend mq_unlink
+    mremap mseal msgctl msgget msgrcv msgsnd msync munlock munlockall munmap
+    name_to_handle_at nanosleep newfstatat openat openat2 pidfd_open pidfd_send_signal pipe2
+    pkey_alloc pkey_free pkey_mprotect ppoll prctl pread64 preadv prlimit64 process_mrelease
+    pselect6 pwrite64 pwritev read readahead readlinkat readv recvfrom recvmmsg recvmsg
+    remap_file_pages removexattr removexattrat renameat renameat2 restart_syscall rseq
+    rt_sigaction rt_sigpending rt_sigprocmask rt_sigqueueinfo rt_sigreturn rt_sigsuspend
+    rt_sigtimedwait rt_tgsigqueueinfo sched_get_priority_max sched_get_priority_min
+    sched_getaffinity sched_getattr sched_getparam sched_getscheduler sched_rr_get_interval
+    sched_setaffinity sched_setattr sched_setparam sched_setscheduler sched_yield seccomp
+    semctl semget semop semtimedop sendfile sendmmsg sendmsg sendto set_robust_list
+    set_tid_address setfsgid setfsuid setgid setgroups setitimer setpgid setpriority
+    setregid setresgid setresuid setreuid setrlimit setsid setuid setxattr setxattrat shmat
+    shmctl shmdt shmget shutdown sigaltstack signalfd4 splice statfs statmount statx
+    symlinkat sync sync_file_range syncfs sysinfo tee tgkill timer_create timer_delete
+    timer_getoverrun timer_gettime timer_settime timerfd_create timerfd_gettime
+    timerfd_settime times tkill truncate umask uname unlinkat utimensat vmsplice wait4
+    waitid write writev
 """)
 # The same list's calls that only x86_64 has (the pre-*at legacy calls aarch64 never had),
 # with arch_prctl and modify_ldt, which moby allows on amd64.
@@ -147,6 +149,8 @@ UNSHARE_NAMESPACES = CLONE_NAMESPACES | CLONE_NEWTIME
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 AF_MAX = 46  # linux/socket.h (6.18): families at or above it do not exist
 SOL_SOCKET, SO_RCVLOWAT = 1, 18  # asm-generic/socket.h: the same on x86_64 and aarch64
+POSIX_FADV_DONTNEED = 4  # linux/fadvise.h (x86_64, aarch64)
+RWF_NOWAIT = 0x8  # linux/fs.h
 # personality(2): PER_LINUX, PER_LINUX32, UNAME26, PER_LINUX32|UNAME26, and the query.
 PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 
@@ -200,6 +204,32 @@ RULES: tuple[Rule, ...] = (
         " tcp_rmem[2] (32 MiB on this VM image), past the 2 x rmem_max the TCP watch counts"
         " for each connection waiting in it: they inherit it, and the listener could shrink"
         " its own again (found 2026-12-05: ~15 waiting held ~480 MB unstopped)",
+    ),
+    Rule(
+        ("io_setup", "io_submit", "io_getevents", "io_pgetevents", "io_cancel", "io_destroy"),
+        Refuse(ENOSYS),
+        "kernel async I/O contexts come from one host-wide quota (fs.aio-max-nr), not split"
+        " by namespace, cgroup or uid: one job held 65,534 of 65,536 and every other job"
+        " and host service got EAGAIN (a review, 2026-12-05); glibc's POSIX AIO uses"
+        " threads, libaio users fall back on ENOSYS",
+    ),
+    Rule(
+        ("memfd_secret",),
+        Refuse(ENOSYS),
+        "secret memory is taken out of the kernel's direct map, splitting its huge pages"
+        " until reboot: a 6 MiB job split 6 GiB of 1 GiB mappings (a review)",
+    ),
+    Rule(
+        ("fadvise64",),
+        RefuseWhenAll(((3, POSIX_FADV_DONTNEED),)),
+        "every advice but DONTNEED, which drops a shared host file's cached pages for every"
+        " tenant (evicting others' hot files; with a probe, Evict+Reload: a review)",
+    ),
+    Rule(
+        ("preadv2", "pwritev2"),
+        FlagsClear(5, RWF_NOWAIT, EOPNOTSUPP),
+        "RWF_NOWAIT tells, page by page, whether another tenant's job read a shared host"
+        " file (a review); EOPNOTSUPP, as where the file system has no such reads",
     ),
     Rule(
         ("personality",),

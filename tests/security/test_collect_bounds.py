@@ -15,6 +15,7 @@ import pytest
 from sandbox_core import SpecError, parse_spec
 from sandbox_core import defaults as d
 from sandbox_core.collectmatch import Matcher, OutOfTime
+from tests.security.helpers import backend_kind
 
 # A chain of 14 directories of 250-character names, and 9,000 files at its end: every
 # path ~3.7 KB, each tried against every pattern.
@@ -89,3 +90,55 @@ def test_text_files_come_back_as_text_on_every_backend(run):
     assert (big.encoding, big.truncated) == ("utf-8", False), (big.encoding, big.truncated)
     assert big.content == "".join(f"{i}\n" for i in range(1, 20001))
     assert result.files_omitted == 0
+
+
+# A chain of 16,000 directories of 250-character names, made a step at a time, and a
+# file at its end: one relative path of ~4 MB (a container's listing carries it whole).
+ONE_HUGE_PATH = r"""
+import os
+for _ in range(16000):
+    os.mkdir("d" * 250); os.chdir("d" * 250)
+open("end.txt", "w").write("x")
+print("made")
+"""
+
+
+def test_one_huge_path_costs_the_worker_nothing_to_match(run):
+    """The time was checked between names only: one path of 4 MB in a container's
+    listing, against 32 patterns, cost the worker 17.9 s, the job not even told (a
+    review). A path past PATH_MAX matches nothing (it could not be opened anyway)."""
+    patterns = [SLOW + "?" * k for k in range(d.MAX_COLLECT_PATTERNS)]
+    result = run(code=ONE_HUGE_PATH, collect=patterns, limits={"timeout_s": 60})
+    assert result.steps[0].stdout == "made\n", result.steps[0]
+    collect_ms = result.timings.phases.collect_ms
+    assert collect_ms is not None and collect_ms < 1000 * (d.COLLECT_MATCH_S + 2), collect_ms
+
+
+@pytest.mark.no_backend
+def test_a_path_past_path_max_matches_nothing_at_once():
+    huge = "d" * 250 + "/" + ("d" * 250 + "/") * 16000 + "end.txt"
+    matcher = Matcher(["*"], budget_s=60)
+    start = time.perf_counter()
+    assert not matcher.matches(huge) and matcher.matches("end.txt")
+    assert time.perf_counter() - start < 0.1
+
+
+def test_files_with_long_names_all_come_back_where_they_can_be_opened(run, backend):
+    """Docker's tar stream was sized at 2 KB a file; a name of ~4 KB takes its own header
+    and blocks, so of 60 two-byte files with such names 35 were reported omitted (a
+    review). L1/L2 open files by their absolute path, which these names take past
+    PATH_MAX: omitted there, and counted."""
+    code = (
+        "import os\n"
+        "d = '/'.join(['n' * 200] * 19)\n"
+        "os.makedirs(d)\n"
+        "for i in range(60):\n"
+        "    open(os.path.join(d, f'{i:02d}'), 'w').write('ok')\n"
+    )
+    result = run(code=code, collect=["n*"])
+    assert result.status == "succeeded", result
+    if backend_kind(backend) == "docker":
+        assert len(result.files) == 60 and result.files_omitted == 0, result.files_omitted
+        assert all(f.content == "ok" for f in result.files)
+    else:
+        assert len(result.files) + result.files_omitted == 60

@@ -15,6 +15,7 @@ import os
 import pty
 import pwd
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -79,6 +80,46 @@ def test_io_uring_is_refused(run):
     out = result.steps[0].stdout if result.steps else ""
     assert out.startswith("fd "), result
     assert out.strip() == f"fd -1 errno {errno.EPERM}", out
+
+
+# Takes as many async-I/O contexts as the host's quota gives (fs.aio-max-nr: one count
+# for the whole host), prints how many events it holds, then holds them a moment.
+AIO_HOG = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+held, err = 0, 0
+for _ in range(64):
+    ctx = ctypes.c_ulong(0)
+    if libc.syscall(NR, 32767, ctypes.byref(ctx)) != 0:
+        err = ctypes.get_errno(); break
+    held += 32767
+print(held, err, flush=True)
+time.sleep(0.5)
+"""
+_IO_SETUP = {"x86_64": 206, "aarch64": 0}
+
+
+def _aio_in_use() -> int:
+    return int(Path("/proc/sys/fs/aio-nr").read_text())
+
+
+def test_the_hosts_async_io_quota_is_out_of_a_jobs_reach(run, tmp_path):
+    """The kernel's async-I/O contexts come from one quota for the whole host: a job took
+    65,534 of 65,536 events, and every other job and host service (a database's InnoDB)
+    got EAGAIN for the job's whole timeout (a review). io_setup is ENOSYS in jobs."""
+    code = AIO_HOG.replace("NR", str(_IO_SETUP[os.uname().machine]))
+    script = tmp_path / "aio.py"
+    script.write_text(code)
+    before = _aio_in_use()
+    bare = subprocess.run(
+        ["/usr/bin/python3", str(script)], capture_output=True, text=True, timeout=60
+    )
+    held, err = (int(w) for w in bare.stdout.split())
+    assert held > 0 and err == errno.EAGAIN, bare  # the attack: the whole quota, then refused
+    assert _aio_in_use() <= before  # and it went with the process
+    result = run(code=code)
+    held, err = (int(w) for w in result.steps[0].stdout.split())
+    assert (held, err) == (0, errno.ENOSYS), result.steps[0]
 
 
 PTY_BOMB = """

@@ -92,7 +92,31 @@ def _attacks() -> dict[str, int]:
         "bpf": _syscall(table["bpf"], 0, attr, 128),  # BPF_MAP_CREATE
         "keyctl": _syscall(table["keyctl"], 0, -4, 0),  # KEYCTL_GET_KEYRING_ID, user ring
         "so_rcvlowat": _errno_of(_raise_receive_low_water),
+        "io_setup": _syscall(table["io_setup"], 1, ctypes.byref(ctypes.c_ulong(0))),
+        "memfd_secret": _syscall(table["memfd_secret"], 0),
+        "fadvise_dontneed": _errno_of(_drop_cached_pages),
+        "preadv2_nowait": _errno_of(_probe_cached_page),
     }
+
+
+def _drop_cached_pages() -> None:
+    """POSIX_FADV_DONTNEED on a host file any job may read: its cached pages go for all."""
+    fd = os.open("/etc/hostname", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _probe_cached_page() -> None:
+    """RWF_NOWAIT: a read that fails rather than wait for the disk tells whether the page
+    was cached (whether another job read it)."""
+    fd = os.open("/etc/hostname", os.O_RDONLY)
+    try:
+        os.pread(fd, 64, 0)  # cached now: the probe answers at once
+        os.preadv(fd, [bytearray(64)], 0, os.RWF_NOWAIT)
+    finally:
+        os.close(fd)
 
 
 def _raise_receive_low_water() -> None:
@@ -177,6 +201,10 @@ def test_ordinary_programs_run_under_the_filter():
         ("bpf", errno.EPERM, "bpf() is off for this user (unprivileged_bpf_disabled)"),
         ("keyctl", errno.EPERM, "this kernel has no keyrings"),
         ("so_rcvlowat", errno.EPERM, "this kernel refuses SO_RCVLOWAT"),
+        ("io_setup", errno.ENOSYS, "this kernel has no async I/O (CONFIG_AIO)"),
+        ("memfd_secret", errno.ENOSYS, "secret memory is off here (secretmem.enable)"),
+        ("fadvise_dontneed", errno.EPERM, "this kernel refuses fadvise"),
+        ("preadv2_nowait", errno.EOPNOTSUPP, "this file system has no RWF_NOWAIT reads"),
     ],
 )
 def test_attack_works_without_the_filter_and_fails_with_it(attack, refused_with, kernel_lacks):

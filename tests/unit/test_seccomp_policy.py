@@ -223,6 +223,19 @@ def test_setsockopt_refuses_only_so_rcvlowat(arch):
     assert check(arch, "setsockopt", 3, sol_socket | 0x100, so_rcvlowat) == ALLOW
 
 
+def test_host_wide_quotas_and_shared_page_cache_are_out_of_reach(arch):
+    for name in ("io_setup", "io_submit", "io_getevents", "io_destroy", "memfd_secret"):
+        assert check(arch, name) == eperm(errno.ENOSYS), name
+    dontneed, willneed, rwf_nowait, rwf_hipri = 4, 3, 0x8, 0x1
+    assert check(arch, "fadvise64", 3, 0, 0, dontneed) == eperm()
+    assert check(arch, "fadvise64", 3, 0, 0, (1 << 32) | dontneed) == eperm()
+    assert check(arch, "fadvise64", 3, 0, 0, willneed) == ALLOW
+    for name in ("preadv2", "pwritev2"):
+        assert check(arch, name, 3, 0, 1, 0, 0, rwf_nowait) == eperm(errno.EOPNOTSUPP)
+        assert check(arch, name, 3, 0, 1, 0, 0, rwf_nowait | rwf_hipri) == eperm(errno.EOPNOTSUPP)
+        assert check(arch, name, 3, 0, 1, 0, 0, rwf_hipri) == ALLOW
+
+
 def test_numbers_outside_the_policy(arch):
     above = arch.highest + 1
     assert check_nr(arch, above) == eperm(errno.ENOSYS)
@@ -305,7 +318,9 @@ def _probe_args() -> list[tuple[int, ...]]:
     first += [*NAMESPACE_FLAGS.values(), 0x40000, 0xFFFFFFFF, 0x7FFFFFFF]
     seconds = (0, 1, 6, 0x101, (1 << 32) | 1)
     thirds = (0, 4, 18, 19, 0x112, (1 << 32) | 18)
-    return [(a0, a1, a2, 0, 0, 0) for a0 in first for a1 in seconds for a2 in thirds]
+    probes = [(a0, a1, a2, 0, 0, 0) for a0 in first for a1 in seconds for a2 in thirds]
+    fourths, sixths = (0, 4, 5, (1 << 32) | 4), (0, 8, 9, (1 << 32) | 8, 1 << 35)
+    return probes + [(3, 0, 0, a3, 0, a5) for a3 in fourths for a5 in sixths]
 
 
 def test_docker_profile_is_valid_json_of_the_right_shape():

@@ -35,29 +35,32 @@ local function refused(reason, count)
   redis.call('EXPIRE', stats, ARGV[14])
 end
 
--- The tenant's token bucket: ``cost`` tokens taken, or the refusal to return (``new``:
--- the jobs the call would have admitted, 0 while not yet known).
-local function take_tokens(cost, new)
-  local bucket = prefix .. 'bucket:' .. tenant
+-- The tenant's token bucket (its rate limit), read once a call. A call needs a token
+-- before its ids are read, and takes max(new jobs, 1) if admitted, 1 if refused for
+-- anything: each call reads every id and dispatches (an attack review: calls of known or
+-- conflicting ids took none). Taken once, at the end: taken in two parts, a refusal's
+-- wait left the bucket a token short again and again (a review: no job admitted in 25 s
+-- at a rate of 1). Level and time are written whole (%.17g): a time rounded up made a
+-- call of the same instant come up a fraction short.
+local bucket = prefix .. 'bucket:' .. tenant
+local level = 0
+if rate then
   local tokens = tonumber(redis.call('HGET', bucket, 'tokens') or burst)
   local last = tonumber(redis.call('HGET', bucket, 'ts') or now)
-  tokens = math.min(burst, tokens + (now - last) * rate)
-  if tokens < cost then
-    refused('rate', n)
-    return {'rate', tostring(math.ceil((cost - tokens) / rate * 1000)), new}
-  end
-  redis.call('HSET', bucket, 'tokens', tostring(tokens - cost), 'ts', tostring(now))
+  level = math.min(burst, tokens + math.max(0, now - last) * rate)
+end
+local function spend(cost)
+  if not rate then return end
+  redis.call('HSET', bucket, 'tokens', string.format('%.17g', level - cost),
+    'ts', string.format('%.17g', now))
   redis.call('EXPIRE', bucket, math.ceil(burst / rate) + 60)
-  return nil
 end
-
--- Every call takes a token first, its new jobs one each after the first: a call is work
--- (a read of each id, a dispatch) whatever it admits, and calls of known or conflicting
--- ids took none (an attack review: 92 calls of 1,000 ids in 3 s under a rate of 1).
-if rate then
-  local no = take_tokens(1, 0)
-  if no then return no end
+-- A rate refusal: the wait until the bucket holds ``want`` again, after ``spent``.
+local function over_rate(want, spent, new)
+  refused('rate', n)
+  return {'rate', tostring(math.max(1, math.ceil((want - level + spent) / rate * 1000))), new}
 end
+if rate and level < 1 then return over_rate(1, 0, 0) end
 
 local codes, new, conflicts, charge, least = {}, 0, {}, 0, nil
 for i = 0, n - 1 do
@@ -82,6 +85,7 @@ for i = 0, n - 1 do
 end
 if mode == 'all' and #conflicts > 0 then
   refused('conflict', n)
+  spend(1)
   return {'conflict', unpack(conflicts)}
 end
 if #conflicts > 0 then refused('conflict', #conflicts) end
@@ -92,6 +96,7 @@ if new > 0 then
     local used = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'cpu_ms') or '0')
     if used >= budget then
       refused('budget', n)
+      spend(1)
       return {'budget', until_day_end, 'cpu'}
     end
   end
@@ -99,6 +104,7 @@ if new > 0 then
     local counted = tonumber(redis.call('HGET', prefix .. 'usage:' .. tenant .. ':' .. day, 'kept') or '0')
     if counted + charge > result_budget then
       refused('budget', n)
+      spend(1)
       return {'budget', until_day_end, 'result_bytes',
         tostring(counted), tostring(charge), tostring(least)}
     end
@@ -107,6 +113,7 @@ if new > 0 then
   local waiting = redis.call('LLEN', pending)
   if waiting + new > max_queued then
     refused('queue_full', n)
+    spend(1)
     return {'queue_full', waiting, max_queued, new}
   end
   local queued, sizes, adding = prefix .. 'queued:' .. tenant, {}, 0
@@ -122,11 +129,12 @@ if new > 0 then
   local held = tonumber(redis.call('GET', queued) or '0')
   if max_bytes and held + adding > max_bytes then
     refused('queue_bytes', n)
+    spend(1)
     return {'queue_bytes', held, adding, max_bytes}
   end
-  if rate and new > 1 then
-    local no = take_tokens(new - 1, new)
-    if no then return no end
+  if rate and level < new then
+    spend(1)
+    return over_rate(new, 1, new)
   end
   -- a tenant with nothing waiting or running starts at the farm's clock
   if waiting == 0 and redis.call('ZCARD', prefix .. 'active:' .. tenant) == 0 then
@@ -176,5 +184,6 @@ if new > 0 then
     if redis.call('TTL', key) < ttl then redis.call('EXPIRE', key, ttl) end
   end
 end
+spend(math.max(new, 1))
 dispatch(prefix, queue, margin, math.max(new, 1), expiry)
 return {'ok', table.concat(codes, ' ')}  -- one string: unpack fails past ~8,000 codes

@@ -61,6 +61,11 @@ def plan_collect(sizes: dict[str, int], patterns: list[str]) -> CollectPlan:
     return plan
 
 
+def _raw(path: str) -> bytes:
+    """A listed name's bytes as the file system has them."""
+    return path.encode("utf-8", "surrogateescape")
+
+
 def tar_of(files: dict[str, bytes], uid: int) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -131,9 +136,12 @@ class FileTransfer:
         """Regular files among ``paths``, whole, in one tar stream sized from the listing."""
         if not paths:
             return {}
-        budget = sum(sizes[p] for p in paths) + 2048 * (len(paths) + 4) + 10240
+        # each member's header, and a name past 99 bytes its own header and blocks (GNU
+        # LongLink: a review saw files of ~4 KB names omitted for lack of room)
+        names_room = sum(1024 + 512 * (len(_raw(p)) // 512 + 1) for p in paths if len(p) > 99)
+        budget = sum(sizes[p] for p in paths) + 2048 * (len(paths) + 4) + 10240 + names_room
         # Names go NUL-separated on stdin, verbatim: never parsed as options or escapes.
-        names = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+        names = b"".join(_raw(p) + b"\0" for p in paths)
         argv = ["tar", "-c", "-f", "-", "--null", "--verbatim-files-from", "-T", "-"]
         return regular_members(self._run(argv, names, budget))
 
