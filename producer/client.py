@@ -102,7 +102,10 @@ class FarmClient:
         or result budget, or for a job alone over a bound: QuotaError (its ``submitted``
         lists the ids admitted before).
         """
-        policy = self.jobs.tenants.ensure(self.tenant, TRUSTED_POLICY)
+        # made with the farm's result TTL (SANDFARM_RESULT_TTL_S): the default policy's
+        # week kept SDK jobs' results whatever the setting said (a review)
+        wanted = {**TRUSTED_POLICY.model_dump(), "result_ttl_s": self.settings.result_ttl_s}
+        policy = self.jobs.tenants.ensure(self.tenant, Policy.model_validate(wanted))
         ids: list[str] = []
         conflicts: list[str] = []
         chunk: dict[str, JobSpec] = {}

@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from producer.protocol import KOMBU_UNACKED, Heartbeat, Settings, margins
+from producer.protocol.records import redis_clock
 from producer.protocol.scripts import utc_day
 from producer.protocol.tenant_store import text
 
@@ -16,6 +17,7 @@ from producer.protocol.tenant_store import text
 def farm_status(client: redis.Redis, settings: Settings) -> dict[str, Any]:
     keys = settings.keys
     now = time.time()
+    beat_now = redis_clock(client)  # heartbeats are stamped with Redis's clock
     pipe = client.pipeline(transaction=False)
     pipe.llen(settings.queue)
     pipe.hlen(KOMBU_UNACKED)
@@ -29,7 +31,7 @@ def farm_status(client: redis.Redis, settings: Settings) -> dict[str, Any]:
     workers = []
     for name, raw in sorted(beats.items()):
         beat = Heartbeat.model_validate_json(raw)
-        age = now - beat.ts
+        age = beat_now - beat.ts
         if age <= margins.heartbeat_stale_after(beat.interval_s):
             info = beat.model_dump(mode="json")
             workers.append({"name": text(name), **info, "age_s": round(age, 1)})

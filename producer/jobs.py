@@ -220,8 +220,12 @@ class TenantJobs:
             notify = (loads(state) or {}).get("notify")
             result = JobResult(id=job_id, status=Status.CANCELLED, message="cancelled while queued")
             result.timings.finished_at = datetime.now(UTC)
-            self.scripts.store_result(
-                result, notify, qid, self.tenant, ttl=ttl, count_duplicate=False
+            # stored only if no other result came first: a job that ended meanwhile was
+            # not cancelled (a review saw True for jobs that then read succeeded)
+            return bool(
+                self.scripts.store_result(
+                    result, notify, qid, self.tenant, ttl=ttl, count_duplicate=False
+                )
             )
         return True
 

@@ -10,6 +10,7 @@ import mmap
 import os
 import subprocess
 import sys
+import threading
 import warnings
 
 from celery import Celery, bootsteps, signals
@@ -77,6 +78,9 @@ app.conf.imports = ("worker.tasks",)
 # Set in the main process before the pool forks, read in each pool child.
 _reservation: reservation.Reservation | None = None
 _reaper: subprocess.Popen[bytes] | None = None
+_reaper_argv: list[str] = []
+_reaper_stopping = threading.Event()
+REAPER_CHECK_S = 2.0  # how often the main process looks whether its reaper still runs
 
 
 @signals.worker_init.connect
@@ -90,32 +94,52 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
     from worker.reaper import sweep_free
 
     sweep_free(settings.workspace_dir)
-    _reaper = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "worker.reaper",
-            "--parent",
-            str(os.getpid()),
-            "--name",
-            name,
-            "--base",
-            str(_reservation.base),
-            "--size",
-            str(size),
-            "--reserved",
-            str(_reservation.size),
-            "--interval",
-            str(settings.reaper_interval_s),
-        ],
-        start_new_session=True,  # survives a signal to our process group: last sweep
-        close_fds=True,
-    )
+    _reaper_argv[:] = [
+        sys.executable,
+        "-m",
+        "worker.reaper",
+        "--parent",
+        str(os.getpid()),
+        "--name",
+        name,
+        "--base",
+        str(_reservation.base),
+        "--size",
+        str(size),
+        "--reserved",
+        str(_reservation.size),
+        "--interval",
+        str(settings.reaper_interval_s),
+    ]
+    _reaper = _start_reaper()
+    threading.Thread(target=_keep_reaper, name="sandfarm-reaper-watch", daemon=True).start()
     print(
         f"sandfarm worker {name}: slots {_reservation.base}..{_reservation.end - 1},"
         f" reaper pid {_reaper.pid}, visibility timeout {settings.visibility_timeout:g}s",
         flush=True,
     )
+
+
+def _start_reaper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        _reaper_argv,
+        start_new_session=True,  # survives a signal to our process group: last sweep
+        close_fds=True,
+    )
+
+
+def _keep_reaper() -> None:
+    """Start the reaper again whenever it ends while the worker runs: it alone writes the
+    heartbeat, so a killed reaper left a healthy worker looking gone and every job
+    waiting for it, with no line in its log (a review)."""
+    global _reaper
+    while not _reaper_stopping.wait(REAPER_CHECK_S):
+        if _reaper is not None and _reaper.poll() is not None and not _reaper_stopping.is_set():
+            print(
+                f"sandfarm worker: reaper exited ({_reaper.returncode}), starting another",
+                flush=True,
+            )
+            _reaper = _start_reaper()
 
 
 def _reserve(size: int) -> reservation.Reservation:
@@ -130,6 +154,7 @@ def _reserve(size: int) -> reservation.Reservation:
 
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(**_: object) -> None:
+    _reaper_stopping.set()
     if _reaper is not None and _reaper.poll() is None:
         _reaper.terminate()
         try:

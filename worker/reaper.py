@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import redis
 
 from producer.protocol import FarmScripts, Heartbeat, Settings, connect, get_settings, margins
+from producer.protocol.records import redis_clock
 from sandbox_core import defaults as d
 from sandbox_core import slots
 from sandbox_core.backends.docker.containers import WorkerAlive
@@ -91,7 +93,11 @@ def worker_judge(client: redis.Redis | None, settings: Settings) -> WorkerAlive 
         if raw is None:
             return False
         beat = Heartbeat.model_validate_json(raw)
-        return time.time() - beat.ts <= margins.heartbeat_stale_after(beat.interval_s)
+        try:
+            now = redis_clock(client)
+        except redis.RedisError:
+            return None
+        return now - beat.ts <= margins.heartbeat_stale_after(beat.interval_s)
 
     return alive
 
@@ -131,7 +137,7 @@ return 1
 
 
 def beat(client: redis.Redis, key: str, name: str, info: Heartbeat, ttl: int) -> None:
-    record = info.model_copy(update={"ts": time.time()}).dump()
+    record = info.model_copy(update={"ts": redis_clock(client)}).dump()
     pipe = client.pipeline(transaction=False)
     pipe.hset(key, name, record)
     pipe.expire(key, ttl)
@@ -190,20 +196,22 @@ def _loop(
     info: Heartbeat,
 ) -> None:
     orphaned_at: float | None = None
+    orphaned = threading.Event()
+    if client is not None:  # a worker is online as soon as it starts
+        threading.Thread(
+            target=_beat_while_alive,
+            args=(parent, name, interval, settings, client, info, orphaned),
+            name="sandfarm-beats",
+            daemon=True,
+        ).start()
     while True:
         alive = _parent_alive(parent)
         if not alive and orphaned_at is None:
             orphaned_at = time.monotonic()
+            orphaned.set()
             if client is not None:
                 with contextlib.suppress(Exception):
                     client.hdel(settings.keys.workers, name)
-        if alive and client is not None:  # first: a worker is online as soon as it starts
-            # Redis away: the broker reconnect logs it; keep reaping.
-            with contextlib.suppress(Exception):
-                beat(client, settings.keys.workers, name, info, margins.heartbeat_ttl(interval))
-                # Every worker dispatches now and then: no one process's death stops it
-                # (a finished job dispatches the next one itself; this catches the rest).
-                FarmScripts(client, settings).dispatch()
         try:
             sweep_free(settings.workspace_dir)
             reap_containers(worker_judge(client, settings), settings.workspace_dir)
@@ -218,6 +226,28 @@ def _loop(
             time.sleep(min(interval, 0.5))
             continue
         time.sleep(interval)
+
+
+def _beat_while_alive(
+    parent: int,
+    name: str,
+    interval: float,
+    settings: Settings,
+    client: redis.Redis,
+    info: Heartbeat,
+    orphaned: threading.Event,
+) -> None:
+    """The heartbeat, every ``interval``, on a thread of its own: on the sweeps' loop, a
+    sweep waiting up to a minute for a slow exit outlasted the 17 s after which a worker
+    counts as gone (a review)."""
+    while not orphaned.is_set() and _parent_alive(parent):
+        # Redis away: the broker reconnect logs it; keep beating.
+        with contextlib.suppress(Exception):
+            beat(client, settings.keys.workers, name, info, margins.heartbeat_ttl(interval))
+            # Every worker dispatches now and then: no one process's death stops it (a
+            # finished job dispatches the next one itself; this catches the rest).
+            FarmScripts(client, settings).dispatch()
+        orphaned.wait(interval)
 
 
 def main() -> None:

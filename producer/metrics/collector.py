@@ -27,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from producer.protocol import KOMBU_UNACKED, Heartbeat, Settings, margins, stats
+from producer.protocol.records import redis_clock
 from producer.protocol.tenant_store import text
 
 # kombu's Redis transport keeps priorities 3, 6 and 9 in lists of their own
@@ -50,11 +51,13 @@ class Snapshot:
     duplicates: int = 0
     counters: dict[str, str] = field(default_factory=dict)
     now: float = 0.0
+    beat_now: float = 0.0  # Redis's clock, which heartbeats are stamped with
 
 
 def read(client: redis.Redis, settings: Settings) -> Snapshot:
     keys, queue = settings.keys, settings.queue
     now = time.time()
+    beat_now = redis_clock(client)  # heartbeats are stamped with Redis's clock
     pipe = client.pipeline(transaction=False)
     for name in (queue, *(f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS)):
         pipe.llen(name)
@@ -74,13 +77,14 @@ def read(client: redis.Redis, settings: Settings) -> Snapshot:
         duplicates=int(duplicates or 0),
         counters={text(k): text(v) for k, v in counters.items()},
         now=now,
+        beat_now=beat_now,
     )
     for raw_name, raw in beats.items():
         try:
             beat = Heartbeat.model_validate_json(raw)
         except ValueError:
             continue  # not a beat of ours: a scrape never fails for one field
-        if now - beat.ts <= WORKER_SHOWN_S:
+        if beat_now - beat.ts <= WORKER_SHOWN_S:
             snap.beats[text(raw_name)] = beat
     for qid in flying:
         tenant, sep, _ = text(qid).partition("/")
@@ -124,11 +128,11 @@ def state_families(snap: Snapshot, queue: str) -> Iterator[Metric]:
     fresh = {
         name: beat
         for name, beat in snap.beats.items()
-        if snap.now - beat.ts <= margins.heartbeat_stale_after(beat.interval_s)
+        if snap.beat_now - beat.ts <= margins.heartbeat_stale_after(beat.interval_s)
     }
     yield GaugeMetricFamily("sandfarm_workers_online", "Workers beating", value=len(fresh))
     w = ["worker"]
-    ages = {name: max(0.0, snap.now - beat.ts) for name, beat in snap.beats.items()}
+    ages = {name: max(0.0, snap.beat_now - beat.ts) for name, beat in snap.beats.items()}
     yield _gauge("worker_heartbeat_age_seconds", "Seconds since a worker's last beat", w, ages)
     slots = {name: float(beat.concurrency) for name, beat in fresh.items()}
     yield _gauge("worker_slots", "Sandbox slots of an online worker", w, slots)

@@ -15,12 +15,14 @@ class FarmError(SandfarmError):
 
 
 class FarmUnavailableError(FarmError, ConnectionError):
-    """Redis does not answer at ``url``; ``cause`` says why in plain words."""
+    """The farm does not answer at ``url`` (Redis, or a gateway's http(s) URL); ``cause``
+    says why in plain words."""
 
     def __init__(self, url: str, cause: str) -> None:
         self.url = url
         self.cause = cause
-        super().__init__(f"no Redis answers at {url}: {cause}")
+        what = "gateway" if url.startswith(("http://", "https://")) else "Redis"
+        super().__init__(f"no {what} answers at {url}: {cause}")
 
 
 class SlotReservationError(FarmError, RuntimeError):

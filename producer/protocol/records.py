@@ -10,6 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+import redis
 from pydantic import BaseModel, ConfigDict
 
 
@@ -56,6 +57,14 @@ class RunningRecord(_Record):
     worker: str | None
     pid: int
     slot: int
+
+
+def redis_clock(client: redis.Redis) -> float:
+    """Redis's own time (epoch seconds): what every heartbeat is stamped with and judged
+    by, as the dispatch script judges them. A worker host's clock 18 s behind Redis's made
+    it look gone and stopped dispatch (a review)."""
+    seconds, micros = client.time()
+    return float(seconds) + micros / 1e6
 
 
 class Heartbeat(_Record):

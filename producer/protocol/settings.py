@@ -47,7 +47,9 @@ class Settings(BaseSettings):
         description="seconds before an unacked job is redelivered; default: the longest"
         f" job ({margins.LONGEST_JOB_S:g}s) + {margins.VISIBILITY_MARGIN_S:g}s",
     )
-    result_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="lifetime of results and job state")
+    result_ttl_s: int = Field(
+        7 * 24 * 3600, ge=60, le=90 * 24 * 3600, description="lifetime of results and job state"
+    )
     max_attempts: int = Field(
         3, ge=1, description="deliveries of one job before it ends `error` (worker deaths)"
     )

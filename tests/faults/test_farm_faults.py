@@ -215,3 +215,22 @@ def test_no_sandbox_process_outlives_killed_worker(make_farm, who_reaps: str) ->
         assert took <= interval + 4
         if other is not None:
             other.stop()  # it may be running the redelivered job; that ends within 5 s
+
+
+def test_a_killed_reaper_is_started_again_and_its_worker_stays_online(make_farm) -> None:  # noqa: F811
+    """The reaper alone writes its worker's heartbeat: killed, it left a healthy worker
+    looking gone (past the stale time), dispatch stopped sending it jobs, and nothing
+    said so in its log (a review). Its worker starts another."""
+    farm: Farm = make_farm(**FAST)
+    worker = farm.start_worker("beats", 1)
+    first = worker.reaper_pid()
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: worker.reaper_pid() not in (None, first), 10, what="another reaper")
+    assert "reaper exited" in worker.log.read_text()
+    time.sleep(6)  # past the stale time at a 1 s interval (3 intervals + 2 s)
+    with farm.client() as client:
+        assert any(name.startswith("beats") for name in client.consumers()), client.status()
+        job_id = client.submit({"command": "echo still-here"})
+        result = client.result(job_id, timeout=30)
+    assert result is not None and result.steps[0].stdout == "still-here\n", result
