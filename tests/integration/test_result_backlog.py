@@ -203,7 +203,8 @@ def test_a_charge_comes_back_when_its_job_keeps_less_or_stores_another_day(
 def test_refusals_say_when_a_smaller_call_would_pass_and_until_when(farm: Farm) -> None:  # noqa: F811
     """A call that can never pass as it is, but would in parts, says so (fewer): its new
     jobs alone over max_queued (FarmClient resent such a call every second, forever) or
-    over the burst (not the ids it knows: they take no token). A result budget spent on
+    over the burst (not the ids it knows: they take no token of their own, the call one).
+    A result budget spent on
     a day that has ended (a call prepared before midnight) is retried at once."""
     from producer.protocol.submission import prepare_all, submit
 
@@ -214,8 +215,10 @@ def test_refusals_say_when_a_smaller_call_would_pass_and_until_when(farm: Farm) 
         )
     assert caught.value.reason == "queue_full" and caught.value.fewer
     assert "6 new jobs alone are over max_queued 5" in str(caught.value)
-    known = [JobSpec(id=f"k-{i}", command="true") for i in range(4)]
-    jobs.submit(known, None, all_or_nothing=True)  # the burst, spent
+    # the refused call took a token (every call does: it reads every id), the rest of the
+    # burst goes now
+    known = [JobSpec(id=f"k-{i}", command="true") for i in range(3)]
+    jobs.submit(known, None, all_or_nothing=True)
     with pytest.raises(QuotaError) as caught:
         jobs.submit([*known, JobSpec(id="k-new", command="true")], None, all_or_nothing=True)
     assert caught.value.reason == "rate" and not caught.value.fewer  # 1 new: wait, not split
