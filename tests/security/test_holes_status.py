@@ -61,8 +61,10 @@ def test_another_processs_exit_under_the_execs_pid_is_not_its_status():
     its host pid. A pid is reused, and a job forking fast cycles the host's pid space in
     seconds: another container's process given the pid after the exec's exit overwrote
     its entry (an attack review). Here the watcher is made to answer with such a
-    process's `exit 0` for a step that ran `exit 1`: it must not read succeeded (the
-    engine's own code disagrees, so the kernel's entry is not the exec's)."""
+    process's `exit 0` for a step that ran `exit 137` (the watcher is asked only for
+    129-255, the codes that can be a signal): it must not read succeeded (the engine's
+    own code disagrees, so the kernel's entry is not the exec's). A step's `exit 1`
+    never asks it."""
     from tests.conftest import require
     from tests.security.conftest import docker_status, make_backend
 
@@ -80,12 +82,15 @@ def test_another_processs_exit_under_the_execs_pid_is_not_its_status():
     try:
         from sandbox_core import parse_spec
 
-        result = sandbox.run(parse_spec({"command": "exit 1"}))
+        plain = sandbox.run(parse_spec({"command": "exit 1"}))
+        assert not asked, asked  # 1-128 cannot be a signal: nothing to ask
+        result = sandbox.run(parse_spec({"command": "exit 137"}))
     finally:
         sandbox.close()
+    assert (_one(plain).status, _one(plain).exit_code) == ("failed", 1), plain
     assert asked, "the watcher was never asked: the attack did not run"
     step = _one(result)
-    assert (step.status, step.exit_code) == ("failed", 1), step
+    assert step.status != "succeeded" and (step.exit_code, step.signal) != (0, None), step
 
 
 @pytest.mark.no_backend
