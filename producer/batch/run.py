@@ -3,6 +3,7 @@ through a bounded window and write each result as it arrives."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from collections import Counter
@@ -268,6 +269,20 @@ class _Run:
         return report
 
 
+def _own(path: Path) -> IO[str]:
+    """RESULTS opened to append, held for this run alone (an exclusive lock, gone with the
+    process): two runs at once each wrote every result, doubling the file (a review)."""
+    fh = path.open("a", encoding="utf-8")
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise SpecError(
+            str(path), "another `sandfarm batch run` writes it now: wait for it to end"
+        ) from None
+    return fh
+
+
 def run_batch(
     inputs: Sequence[Path | BatchInput],
     output: Path | IO[str],
@@ -302,13 +317,13 @@ def run_batch(
     started = time.monotonic()
     deadline = None if wait_timeout is None else started + wait_timeout
     sources = [BatchInput.of(item) for item in inputs]
-    if recorded is None:
-        recorded = ledger.farm_recorded(client)
     to_file = isinstance(output, Path)
-    keep = (EXPECT_LABEL, groups.label) if groups is not None else (EXPECT_LABEL,)
-    prev = load_previous(output, keep) if isinstance(output, Path) else Previous()
-    fh = output.open("a", encoding="utf-8") if isinstance(output, Path) else output
+    fh = _own(output) if isinstance(output, Path) else output
     try:
+        if recorded is None:
+            recorded = ledger.farm_recorded(client)
+        keep = (EXPECT_LABEL, groups.label) if groups is not None else (EXPECT_LABEL,)
+        prev = load_previous(output, keep) if isinstance(output, Path) else Previous()
         run = _Run(
             sources,
             ResultsWriter(fh),

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from producer import batch as b
 from producer.protocol import IdConflictError
-from sandbox_core import JobResult, JobSpec, Status
+from sandbox_core import JobResult, JobSpec, SpecError, Status
 from sandbox_core.models import _ID_RE
 
 
@@ -438,3 +438,19 @@ def test_progress_line_keeps_full_names_and_times_when_they_fit() -> None:
     (line,) = progress_text(120, 10, 0, {"succeeded": 7, "failed": 1})
     assert "jobs" in line and "succeeded 7 failed 1" in line and "-:--:--" in line
     assert len(line) <= 120
+
+
+def test_a_results_file_is_written_by_one_run_at_a_time(tmp_path: Path) -> None:
+    """Two runs on one RESULTS file at once each wrote every result, doubling the file
+    (a review): the second is refused, naming the file, and writes nothing."""
+    import fcntl
+
+    jobs, out = mixed(tmp_path), tmp_path / "results.jsonl"
+    with out.open("a") as other_run:
+        fcntl.flock(other_run.fileno(), fcntl.LOCK_EX)
+        client = FakeClient()
+        with pytest.raises(SpecError, match="another `sandfarm batch run` writes it"):
+            run([jobs], out, client)
+        assert client.submitted == [] and out.read_text() == ""
+    report = run([jobs], out, FakeClient())  # once the other run is done
+    assert report.completed and results(out)
