@@ -187,8 +187,9 @@ def _final(who: Caller, job_id: str) -> JobResult:
 )
 def get_results(body: ResultsRequest, who: Who) -> Results:
     with _translated():
-        ids = [i for i in dict.fromkeys(body.ids) if ID_RE.fullmatch(i)]
-        never = [i for i in dict.fromkeys(body.ids) if not ID_RE.fullmatch(i)]
+        asked = list(dict.fromkeys(body.ids))
+        ids = [i for i in asked if ID_RE.fullmatch(i)]
+        never = [i for i in asked if not ID_RE.fullmatch(i)]
         found, _ = who.jobs.results_within(ids, _reply_bytes(who))
         pending = [i for i in ids if i not in found]
         if pending and body.wait:  # only a job the farm holds can become final

@@ -174,14 +174,9 @@ class TenantStore:
             pipe.zrem(listing, *qids)
             pipe.execute()
         for record in self._records(f"{name}/"):
-            batch: list[str] = []
-            for key in self.redis.scan_iter(match=_glob_escaped(record) + "*", count=1000):
-                batch.append(text(key))
-                if len(batch) >= chunk:
-                    self.redis.delete(*batch)
-                    batch = []
-            if batch:
-                self.redis.delete(*batch)
+            found = self._keys_under(record)
+            for start in range(0, len(found), chunk):
+                self.redis.delete(*found[start : start + chunk])
         self.redis.delete(listing, self.keys.bucket(name), self.keys.charged(name))
         self.redis.delete(self.keys.sizes(name), self.keys.queued(name))
         if not running:
@@ -195,14 +190,18 @@ class TenantStore:
         found by a scan of the keys (an operator's command)."""
         longest = 0
         for record in (self.keys.job(f"{name}/"), self.keys.result(f"{name}/")):
-            pattern = _glob_escaped(record) + "*"
-            found = [text(k) for k in self.redis.scan_iter(match=pattern, count=1000)]
+            found = self._keys_under(record)
             for start in range(0, len(found), 1000):
                 pipe = self.redis.pipeline(transaction=False)
                 for key in found[start : start + 1000]:
                     pipe.ttl(key)
                 longest = max([longest, *(int(t) for t in pipe.execute())])
         return longest
+
+    def _keys_under(self, prefix: str) -> list[str]:
+        """Every key that starts with ``prefix`` (a scan of the keyspace, 1,000 a step)."""
+        pattern = _glob_escaped(prefix) + "*"
+        return [text(k) for k in self.redis.scan_iter(match=pattern, count=1000)]
 
     def _records(self, qid: str) -> tuple[str, ...]:
         keys = self.keys
