@@ -38,7 +38,7 @@ from producer.protocol.scripts import ChainStep, Claimed
 from sandbox_core import JobResult
 from worker import events
 from worker.app import settings, slot_index, stopping
-from worker.jobs import Job, client, scripts, timeout_of
+from worker.jobs import Job, client, own_record, scripts, timeout_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,6 +79,7 @@ class Chain:
         room = self.limit_s - elapsed
         want = elapsed < chain_s() and room > 0 and not stopping()
         meta = job.meta
+        record = own_record(job.spec, meta)
         step = ChainStep(
             self.root,
             self.token,
@@ -88,7 +89,9 @@ class Chain:
             self._events(job, result, text) if meta.qid != self.root else None,
         )
         stored, claimed = self._when_redis_has_room(
-            lambda: scripts().finish_job(result, meta.notify, meta.qid, meta.tenant, meta.ttl, step)
+            lambda: scripts().finish_job(
+                result, meta.notify, meta.qid, meta.tenant, meta.ttl, step, record
+            )
         )
         if claimed is None:
             return stored, None

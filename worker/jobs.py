@@ -15,7 +15,8 @@ from typing import Any
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from producer.protocol import FarmScripts, MessageMeta, connect
+from producer.protocol import FarmScripts, JobState, MessageMeta, connect
+from producer.protocol.records import spec_hash
 from sandbox_core import JobResult, SpecError, Status, get_backend, parse_spec
 from sandbox_core import defaults as d
 from sandbox_core.backends import Backend
@@ -69,6 +70,21 @@ def timeout_of(spec: object) -> float:
     except (KeyError, TypeError, ValueError):
         return d.TIMEOUT_S[0]
     return min(max(value, 1.0), d.TIMEOUT_S[1])
+
+
+def own_record(spec: object, meta: MessageMeta) -> str:
+    """The state record this job's submission wrote, as far as the store checks it (its
+    spec's hash; nothing charged): its result is stored only under a record of the same
+    spec, or writes it back if Redis lost it (lib_store.lua orphaned). '' for a spec that
+    is no dict (its result, `rejected`, is stored unchecked)."""
+    if not isinstance(spec, dict):
+        return ""
+    try:
+        digest = spec_hash(spec)
+    except (TypeError, ValueError):
+        return ""
+    at = meta.queued_at or datetime.now(UTC)
+    return JobState(kept=0, at=at, notify=meta.notify, spec=digest).dump()
 
 
 def final(job_id: str, status: Status, message: str, **extra: Any) -> JobResult:
@@ -194,5 +210,5 @@ def summary(result: JobResult, stored: bool = True) -> str:
         parts.append(f"{result.timings.run_ms / 1000:.2f}s")
     parts.append(result.backend or "-")
     if not stored:
-        parts.append("(duplicate: not stored)")
+        parts.append("(not stored: a duplicate, or its id names other code now)")
     return " ".join(parts)

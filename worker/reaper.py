@@ -36,6 +36,7 @@ from sandbox_core.backends.docker.containers import WorkerAlive
 from sandbox_core.errors import SlotBusyError
 from sandbox_core.slots import slot_of_uid, slot_uid
 from sandbox_core.sweep import process_uids
+from worker.giveback import give_back
 
 
 def processes_by_slot() -> dict[int, list[int]]:
@@ -219,13 +220,25 @@ def _loop(
             print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
         if orphaned_at is not None:
             ours = set(range(base, base + size))
-            if not (dirty_slots(settings.workspace_dir) & ours) or (
-                time.monotonic() - orphaned_at > 60
-            ):
+            clean = not (dirty_slots(settings.workspace_dir) & ours)
+            if clean and client is not None:  # no process of its jobs is left
+                _give_back(client, settings, name)
+            if clean or time.monotonic() - orphaned_at > 60:
                 return
             time.sleep(min(interval, 0.5))
             continue
         time.sleep(interval)
+
+
+def _give_back(client: redis.Redis, settings: Settings, name: str) -> None:
+    """The dead worker's begun jobs go back to its queue now (worker/giveback.py)."""
+    try:
+        given = give_back(client, settings, name)
+    except redis.RedisError as exc:  # kombu's restore sends them after the visibility timeout
+        print(f"sandfarm reaper: could not give back {name}'s jobs: {exc!r}", flush=True)
+        return
+    if given:
+        print(f"sandfarm reaper: {name} died; {given} of its jobs sent again", flush=True)
 
 
 def _beat_while_alive(

@@ -67,12 +67,18 @@ class ExecuteTask(Task):  # Celery's Task is untyped (Any)
             current = scripts.chain_of(meta.qid)
             if current is None:  # the message's own job (it may be final: counted then)
                 result = jobs.final(meta.id, Status.ERROR, reason)
-                scripts.store_result(result, meta.notify, meta.qid, meta.tenant, ttl=meta.ttl)
+                record = jobs.own_record(args[0], meta)
+                scripts.store_result(
+                    result, meta.notify, meta.qid, meta.tenant, ttl=meta.ttl, record=record
+                )
                 return
             # a chain's job was running (its message's own job is final)
-            _, held, _ = from_message(current[1], current[0])
+            spec, held, _ = from_message(current[1], current[0])
             result = jobs.final(held.id, Status.ERROR, reason)
-            scripts.store_result(result, held.notify, held.qid, held.tenant, ttl=held.ttl)
+            record = jobs.own_record(spec, held)
+            scripts.store_result(
+                result, held.notify, held.qid, held.tenant, ttl=held.ttl, record=record
+            )
             scripts.end_chain(meta.qid)
 
 

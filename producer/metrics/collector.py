@@ -159,7 +159,7 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
         "wait": defaultdict(dict),
     }
     sums: dict[str, dict[str, float]] = {"run": {}, "wait": {}}
-    redeliveries = recovered = chained = 0
+    redeliveries = recovered = chained = orphaned = 0
     for name, raw in sorted(snap.counters.items()):
         parts = stats.split(name)
         kind = parts[0]
@@ -177,6 +177,8 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
             recovered = int(raw)
         elif kind == "chained":
             chained = int(raw)
+        elif kind == "orphaned":
+            orphaned = int(raw)
     yield jobs
     yield refused
     yield CounterMetricFamily(
@@ -191,6 +193,11 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
         "sandfarm_chained_jobs",
         "Jobs a slot took itself as it stored the last one's result (no Celery message)",
         value=chained,
+    )
+    yield CounterMetricFamily(
+        "sandfarm_orphaned_results",
+        "Results refused: their job's record names other code, or its tenant is gone",
+        value=orphaned,
     )
     yield CounterMetricFamily(
         "sandfarm_duplicate_results",

@@ -47,6 +47,11 @@ def source(name: str) -> str:
     return "\n".join([*parts, own])
 
 
+# lib_store.lua's answers that mean the result is stored: 1 now, 2 by this same call's
+# earlier send (0: a duplicate, 3: not its record's job's)
+STORED = (1, 2)
+
+
 def _store_token() -> tuple[str, int]:
     """A store call's own token and its TTL: redis-py's retry sends the same call again,
     so a retry whose first answer was lost finds its own result (lib_store.lua), while
@@ -237,13 +242,17 @@ class FarmScripts:
         *,
         ttl: int | None = None,
         count_duplicate: bool = True,
+        record: str = "",
     ) -> bool:
         """First stored result wins; returns False (counted as a duplicate) otherwise, but
         True when this same call stored it already (its answer lost, the client's retry
         sent it again). A stored result of a tenant's job counts its usage and dispatches
-        the next job."""
+        the next job. ``record``: the JobState the job that ran would have (worker.jobs
+        own_record): a result is stored only for its record's job (lib_store.lua
+        orphaned), False otherwise."""
         store_keys, args = self._store_call(result, notify, qid, tenant, ttl, count_duplicate)
-        return bool(self._store(keys=store_keys, args=[*args, *_store_token()]))
+        reply = self._store(keys=store_keys, args=[*args, *_store_token(), record])
+        return int(reply) in STORED
 
     def begin_attempt(
         self, qid: str, running: RunningRecord, timeout_s: float, token: str
@@ -282,9 +291,11 @@ class FarmScripts:
         tenant: str | None,
         ttl: int | None,
         step: ChainStep,
+        record: str = "",
     ) -> tuple[bool, Claimed | None]:
-        """Store ``result`` (first one wins: (False, ...) for a duplicate) and, if
-        ``step`` asks for one, take the chain's next job in the same round trip."""
+        """Store ``result`` (first one wins: (False, ...) for a duplicate, or for a job
+        that is not ``record``'s, as store_result) and, if ``step`` asks for one, take the
+        chain's next job in the same round trip."""
         store_keys, args = self._store_call(result, notify, qid, tenant, ttl, True)
         topic, events = step.events or ("", "")
         args += [
@@ -302,14 +313,15 @@ class FarmScripts:
             events,
             *_store_token(),
             step.measured_at,
+            record,
         ]
         stored, job, message, attempts, cancelled, expiry = self._finish(keys=store_keys, args=args)
         if not job:
-            return bool(stored), None
+            return int(stored) in STORED, None
         claimed = Claimed(
             _text(job), _text(message), int(attempts), bool(cancelled), self._dispatched(expiry)
         )
-        return bool(stored), claimed
+        return int(stored) in STORED, claimed
 
     def chain_of(self, qid: str) -> tuple[str, str] | None:
         """(qid, message) of the job the chain under ``qid``'s message is running."""

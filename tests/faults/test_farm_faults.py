@@ -234,3 +234,29 @@ def test_a_killed_reaper_is_started_again_and_its_worker_stays_online(make_farm)
         job_id = client.submit({"command": "echo still-here"})
         result = client.result(job_id, timeout=30)
     assert result is not None and result.steps[0].stdout == "still-here\n", result
+
+
+def test_a_killed_workers_jobs_run_again_before_its_visibility_timeout(make_farm) -> None:  # noqa: F811
+    """A worker SIGKILLed (main process and pool) left its running jobs' messages unacked
+    until the visibility timeout, an hour by default, before anything ran them again (a
+    reliability review). Its reaper, in its own session, gives them back once its slots
+    are clean (worker/giveback.py)."""
+    farm: Farm = make_farm(SANDFARM_VISIBILITY_TIMEOUT_S="600", SANDFARM_REAPER_INTERVAL_S="1")
+    victim = farm.start_worker("gone", 1)
+    with farm.client() as client:
+        job_id = client.submit({"command": "sleep 2; echo done"})
+        info = wait_for(lambda: running(client, job_id), 20, what="job running")
+        assert info["worker"] == victim.name
+        heir = farm.start_worker("heir", 1)
+        victim.kill_all()
+        assert not alive(victim.pid) and not alive(info["pid"])
+        result = client.result(job_id, timeout=30)  # not 600 s
+        assert result is not None, farm.logs()
+        assert result.status == Status.SUCCEEDED
+        assert result.steps[0].stdout == "done\n"
+        assert result.attempts == 2
+        assert result.worker == heir.name
+        assert client.status()["duplicates"] == 0
+        assert "gone" in victim.log.read_text() and "1 of its jobs sent again" in (
+            victim.log.read_text()
+        )

@@ -128,3 +128,18 @@ def test_the_exit_watcher_hears_no_fork_churn():
     finally:
         everything.close()
         watcher.close()
+
+
+def test_a_job_stopped_by_the_farm_is_charged_the_cpu_it_burnt(run):
+    """Docker read a step's CPU time from the container's cgroup after killing it for its
+    timeout or its flood: the cgroup was gone with it, so the job was charged 0 ms, and a
+    tenant whose jobs all ended so never spent its daily CPU budget (an attack review)."""
+    burnt = run(code="while True: pass", limits={"timeout_s": 2})
+    assert burnt.status == Status.TIMED_OUT, burnt  # it burnt until the farm stopped it
+    assert burnt.steps[0].cpu_ms >= 1000, burnt.steps[0]
+    assert burnt.resources.cpu_ms >= 1000, burnt.resources
+    flood = "import sys, time\nt = time.time()\nwhile time.time() - t < 1.2: pass\n"
+    flood += "while True: sys.stdout.write('x' * 65536)\n"
+    flooded = run(code=flood, limits={"timeout_s": 20})
+    assert flooded.status == Status.OUTPUT_FLOODED, flooded
+    assert flooded.resources.cpu_ms >= 1000, flooded.resources

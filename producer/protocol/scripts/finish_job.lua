@@ -10,16 +10,18 @@
 -- (s), 32 event channel ('' for none), 33 the job's task events (published once stored),
 -- 34 this call's token (lib_store: a retried call finds its own result), 35 its ttl (s),
 -- 36 when ARGV 25 was measured (epoch s, the worker's clock): a step that arrives late (a
--- retry after a lost connection) has that much less room.
+-- retry after a lost connection) has that much less room; 37 the record the stored job
+-- would have (lib_store: a result is stored for its record's job only).
 -- Returns {stored (1, 0 for a duplicate, 2: this call stored it before its answer was
--- lost), next qid ('' for none), its message, attempts, cancelled, dispatch expiry}.
+-- lost, 3: not its record's job's), next qid ('' for none), its message, attempts,
+-- cancelled, dispatch expiry}.
 local prefix, qid, queue = ARGV[5], ARGV[3], ARGV[12]
 local root, token = ARGV[22], ARGV[23]
 local chain = prefix .. 'chain:' .. root
 local owner, current, held = unpack(redis.call('HMGET', chain, 'o', 'q', 'm'))
 
 local function store_only()
-  local stored = store(KEYS, ARGV, ARGV[34], ARGV[35])
+  local stored = store(KEYS, ARGV, ARGV[34], ARGV[35], ARGV[37])
   if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
   return {stored, '', '', 0, 0, ''}
 end
@@ -41,7 +43,7 @@ if current and current ~= qid and held then
   local cancelled = redis.call('EXISTS', prefix .. 'cancel:' .. current)
   return {stored, current, held, tonumber(attempts), cancelled, ''}
 end
-local stored = store(KEYS, ARGV, ARGV[34], ARGV[35])
+local stored = store(KEYS, ARGV, ARGV[34], ARGV[35], ARGV[37])
 if stored == 1 and ARGV[32] ~= '' then redis.call('PUBLISH', ARGV[32], ARGV[33]) end
 
 -- Take ``job`` (its message ``raw``) as this chain's next; the caller has checked it fits.

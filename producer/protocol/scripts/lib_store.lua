@@ -13,7 +13,8 @@
 -- unknown), 20 wait s, 21 stats ttl (s); token: this call's own (random), kept token_ttl
 -- (s): as long as the client may send this call again.
 -- Returns 1 when stored, 0 for a duplicate, 2 when this same call stored it already (the
--- first send's answer was lost: nothing is done or counted again). The result's
+-- first send's answer was lost: nothing is done or counted again), 3 when the result is
+-- not its record's job's (orphaned, below: refused, counted). The result's
 -- phases.store_ms (null when sent) becomes the time from finished to stored, by this
 -- host's clock: JSON strings escape their quotes, so the first '"store_ms":null' is
 -- that field.
@@ -92,9 +93,40 @@ local function within_budget(prefix, tenant, usage, payload, qid, status, notify
       .. cap .. ' MiB, result_mb_per_day) is stored already') .. ',"labels":' .. labels .. '}'
 end
 
-local function store(K, A, token, token_ttl)
+-- Is this result its record's job's? ``own``: the record the storing worker would write
+-- for the job it ran ('' to skip the check: a cancel, whose caller read the record).
+-- Redis restarted empty while a job ran, then its id was submitted again with other
+-- code: the old run's result stored under the new record answered for code that never
+-- ran (a reliability review). So a record naming another spec refuses the result, and a
+-- missing one is written again from the job's own (kept: 0, nothing charged), so a
+-- resubmission is told of a conflict or finds its result, unless its tenant is gone
+-- (removed, or lost with Redis): its name may go to another team.
+local function orphaned(prefix, tenant, record, own, ttl)
+  if own == '' then return false end
+  local state = redis.call('GET', record)
+  if state then
+    local ok, s = pcall(cjson.decode, state)
+    local known = ok and type(s) == 'table' and s.spec or ''
+    local mine = string.match(own, '"spec":"(%x*)"') or ''
+    return known ~= '' and mine ~= '' and known ~= mine
+  end
+  if tenant ~= '' and redis.call('EXISTS', prefix .. 'tenant:' .. tenant) == 0 then
+    return true
+  end
+  redis.call('SET', record, own, 'EX', ttl)
+  return false
+end
+
+local function store(K, A, token, token_ttl, own)
   local qid, prefix, tenant = A[3], A[5], A[6]
   local payload = A[1]
+  if redis.call('EXISTS', K[1]) == 0
+    and orphaned(prefix, tenant, prefix .. 'job:' .. qid, own or '', tonumber(A[2])) then
+    redis.call('HINCRBY', K[6], 'orphaned', 1)
+    redis.call('EXPIRE', K[6], A[21])
+    redis.call('ZREM', K[4], qid)
+    return 3
+  end
   if A[15] ~= '' then
     local t = redis.call('TIME')
     local ms = (tonumber(t[1]) + tonumber(t[2]) / 1e6 - tonumber(A[15])) * 1000

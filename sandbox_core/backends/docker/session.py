@@ -82,6 +82,7 @@ class DockerSession(Session):
         self.cgroup.bound_tcp_buffers(spec.limits.memory_mb * d.MIB)  # before any job process
         self.files = FileTransfer(self._helper, uid)
         self.dead = False
+        self.cpu_ns_at_kill = 0  # the container's CPU time as it was killed (kill())
         self.dirty = False  # a job process may be alive: sweep before touching files
         self.deadline = time.monotonic() + spec.limits.timeout_s
 
@@ -339,8 +340,11 @@ class DockerSession(Session):
         )
         self._sweep()  # now, not before the next step: leftovers run unwatched between
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
-        # the kernel's count; 0 where the cgroup went with the container (killed)
-        outcome.cpu_ms = max(0.0, (self.cgroup.cpu_ns() - cpu_before) / 1e6)
+        # the kernel's count, read as the kill came where the cgroup went with the
+        # container (an attack review: killed jobs were charged 0 ms, and a tenant whose
+        # jobs all timed out spent no CPU budget)
+        cpu_ns = max(self.cgroup.cpu_ns(), self.cpu_ns_at_kill)
+        outcome.cpu_ms = max(0.0, (cpu_ns - cpu_before) / 1e6)
         return outcome
 
     def _oom_killed(self) -> bool:
@@ -351,7 +355,10 @@ class DockerSession(Session):
         return False
 
     def kill(self) -> None:
-        """End the job now: the container and everything in it."""
+        """End the job now: the container and everything in it (its CPU time read first:
+        its cgroup goes with it)."""
+        if not self.dead:
+            self.cpu_ns_at_kill = self.cgroup.cpu_ns()
         self.dead = True
         with contextlib.suppress(Exception):
             self.api.kill(self.id)

@@ -1,0 +1,94 @@
+"""A stored result answers only for the code that ran (lib_store.lua orphaned): the real
+scripts against a real Redis, each result stored as a worker stores it (with the record
+its job's message names, worker.jobs.own_record).
+
+Redis restarted empty while a job ran; its id was then sent again with other code. The
+old run's result, stored under the new record, answered for code that never ran; stored
+before the resubmission, it left no record, so the other code was admitted and got it
+(a reliability review)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from kombu.utils.json import loads as kombu_loads
+
+from producer.jobs import TenantJobs
+from producer.protocol import IdConflictError, MessageMeta, Settings, connect
+from producer.protocol.scripts import FarmScripts
+from producer.protocol.submission import prepare_all
+from producer.protocol.tenants import Policy
+from sandbox_core import JobResult, JobSpec, Status
+from tests.farmkit import private_db
+from worker.jobs import own_record
+
+
+def _farm(url: str) -> tuple[Settings, object, FarmScripts, TenantJobs]:
+    tag = uuid.uuid4().hex[:6]
+    settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:")
+    r = connect(url)
+    team = TenantJobs(r, settings, "team")
+    team.tenants.add("team", Policy())
+    return settings, r, FarmScripts(r, settings), team
+
+
+def _spec(command: str) -> JobSpec:
+    return JobSpec.model_validate({"id": "x", "command": command})
+
+
+def _stored_by_worker(scripts: FarmScripts, spec: JobSpec, stdout: str) -> bool:
+    """Store a result for ``spec`` as the worker that ran it does."""
+    (prepared,) = prepare_all([spec], "team", Policy(), None, "q", datetime.now(UTC), "p:")
+    args = kombu_loads(json.loads(prepared.submission.message)["body"])[0]
+    meta = MessageMeta.model_validate(args[1])
+    result = JobResult(id="x", status=Status.SUCCEEDED, message=stdout)
+    return scripts.store_result(result, None, meta.qid, "team", record=own_record(args[0], meta))
+
+
+def _orphaned(r, settings: Settings) -> int:
+    return int(r.hget(settings.keys.stats, "orphaned") or 0)
+
+
+def test_a_result_of_other_code_than_its_record_names_is_refused(redis_url: str) -> None:
+    with private_db(redis_url) as url:
+        settings, r, scripts, team = _farm(url)
+        team.submit([_spec("echo new")], None, all_or_nothing=True)
+        # the old run (Redis lost its data meanwhile) ends after the resubmission
+        assert not _stored_by_worker(scripts, _spec("echo old"), "old")
+        assert not r.exists(settings.keys.result("team/x"))
+        assert _orphaned(r, settings) == 1
+        assert _stored_by_worker(scripts, _spec("echo new"), "new")
+        assert team.results(["x"])["x"].message == "new"
+
+
+def test_a_record_redis_lost_is_written_back_by_its_jobs_result(redis_url: str) -> None:
+    with private_db(redis_url) as url:
+        settings, r, scripts, team = _farm(url)
+        team.submit([_spec("echo one")], None, all_or_nothing=True)
+        r.flushdb()  # Redis restarted empty while the job ran
+        team.tenants.add("team", Policy())  # the operator adds the team again
+        assert _stored_by_worker(scripts, _spec("echo one"), "one")
+        assert r.ttl(settings.keys.job("team/x")) > 0
+        with pytest.raises(IdConflictError):  # its id now names that code again
+            team.submit([_spec("echo other")], None, all_or_nothing=True)
+        team.submit([_spec("echo one")], None, all_or_nothing=True)  # the same job
+        assert team.results(["x"])["x"].message == "one"
+        assert _orphaned(r, settings) == 0
+
+
+def test_a_result_whose_tenant_and_record_are_gone_is_kept_by_no_one(redis_url: str) -> None:
+    """A purge frees the name of a tenant whose jobs are not listed as dispatched; a job
+    still running (its dispatch entry expired, or lost) stored its result after, and a
+    new team given the name read it (left by the review of stop 38)."""
+    with private_db(redis_url) as url:
+        settings, r, scripts, team = _farm(url)
+        team.submit([_spec("echo secret")], None, all_or_nothing=True)
+        team.tenants.remove("team", scripts, purge=True)  # its waiting job cancelled
+        assert not _stored_by_worker(scripts, _spec("echo secret"), "SECRET")
+        assert _orphaned(r, settings) == 1
+        newcomer = TenantJobs(r, settings, "team")
+        newcomer.tenants.add("team", Policy())
+        assert newcomer.results(["x"]) == {}

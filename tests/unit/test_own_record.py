@@ -1,0 +1,47 @@
+"""The record a worker holds its result to (worker.jobs.own_record) names the same spec
+hash the client's submission wrote, for the spec as the worker gets it: the message's
+JSON, decoded as kombu decodes it. A hash that differed would refuse every result of
+such a job (lib_store.lua orphaned)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from kombu.utils.json import loads as kombu_loads
+
+from producer.protocol import MessageMeta
+from producer.protocol.submission import prepare_all
+from producer.protocol.tenants import Policy
+from sandbox_core import JobSpec
+from worker.jobs import own_record
+
+SPECS = [
+    {"id": "a", "code": "print('héllo ✓ 𝄞')\n", "labels": {"k": "v\u2028w"}},
+    {"id": "b", "command": "echo $X", "env": {"X": "1e16", "Y": "\u00e9"}},
+    {"id": "c", "code": "pass", "limits": {"timeout_s": 2.5, "memory_mb": 300}},
+    {"id": "d", "code": "x", "limits": {"timeout_s": 0.1 + 0.2}},
+    {"id": "e", "files": {"in/data.txt": "Z" * 100}, "command": "cat in/data.txt"},
+    {"id": "f", "steps": [{"kind": "python", "code": "1"}, {"kind": "bash", "command": "true"}]},
+]
+
+
+@pytest.mark.parametrize("raw", SPECS, ids=[s["id"] for s in SPECS])
+def test_the_workers_record_names_the_hash_the_client_submitted(raw: dict) -> None:
+    spec = JobSpec.model_validate(raw)
+    now = datetime.now(UTC)
+    (prepared,) = prepare_all([spec], "team", Policy(), "client-1", "q", now, "p:")
+    message = json.loads(prepared.submission.message)
+    args = kombu_loads(message["body"])[0]  # as the worker's task gets them
+    meta = MessageMeta.model_validate(args[1])
+    record = json.loads(own_record(args[0], meta))
+    assert record["spec"] == prepared.submission.spec_hash
+    assert record["kept"] == 0  # nothing charged: the store counts its result whole
+    assert record["notify"] == "client-1"
+
+
+def test_a_spec_that_is_no_dict_or_no_json_is_stored_unchecked() -> None:
+    meta = MessageMeta(id="x")
+    assert own_record(None, meta) == ""
+    assert own_record({"code": "x", "when": datetime.now(UTC)}, meta) == ""  # not JSON

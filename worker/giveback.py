@@ -1,0 +1,85 @@
+"""A dead worker's messages, given back to its queue by its own reaper.
+
+A worker whose main process is SIGKILLed (the OOM killer, `kill -9`, a crash) leaves the
+messages it held in kombu's unacked hash: acks_late keeps them there until Celery acks
+them, and only kombu's restore of messages older than the visibility timeout (65 min by
+default) sends them again. Its jobs waited that long (a reliability review).
+
+The reaper outlives its worker (its own session) to sweep the slots; once they are clean
+no process of the worker's jobs is left, so it gives back each message whose job's
+running record (``Keys.running``, or its chain's current job's) names this worker and a
+pool process that is gone: put back at the head of its queue, as kombu's own restore
+does, and removed from the unacked hash in the same step, so no other restore sends it
+twice. A message the worker held but had not begun names no one: it waits for the
+visibility timeout, as before. A whole host lost (the reaper with it) also waits.
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+from kombu.utils.json import dumps, loads
+
+from producer.protocol import KOMBU_UNACKED, Settings
+from producer.protocol.records import RunningRecord
+
+# kombu's default ``unacked_index_key``: the delivery time of each unacked tag
+KOMBU_UNACKED_INDEX = "unacked_index"
+
+# Put back only the entry read (a worker's ack or kombu's restore may have taken it since).
+_GIVE_BACK = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('RPUSH', KEYS[3], ARGV[3])
+return 1
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _held_by_dead(client: redis.Redis, settings: Settings, qid: str, worker: str) -> bool:
+    """Is ``qid``'s message (or its chain's current job) run by ``worker``, in a pool
+    process that is gone?"""
+    keys = settings.keys
+    current = client.hget(keys.chain(qid), "q")
+    for job in {qid, current.decode() if isinstance(current, bytes) else qid}:
+        raw = client.get(keys.running(job))
+        if raw is None:
+            continue
+        try:
+            record = RunningRecord.model_validate_json(raw)
+        except ValueError:
+            continue
+        if record.worker == worker and not _alive(record.pid):
+            return True
+    return False
+
+
+def give_back(client: redis.Redis, settings: Settings, worker: str) -> int:
+    """Put the messages dead ``worker`` held back in its queue; returns how many."""
+    given = 0
+    for tag, entry in client.hscan_iter(KOMBU_UNACKED, count=1000):
+        try:
+            message, _exchange, routing_key = loads(entry)
+            qid = message["headers"]["id"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if routing_key != settings.queue or not isinstance(qid, str):
+            continue
+        if not _held_by_dead(client, settings, qid, worker):
+            continue
+        message["headers"]["redelivered"] = True
+        with_flag = dumps(message)
+        keys = [KOMBU_UNACKED, KOMBU_UNACKED_INDEX, settings.queue]
+        given += int(client.eval(_GIVE_BACK, len(keys), *keys, tag, entry, with_flag))
+    return given
