@@ -56,6 +56,9 @@ MAX_SEED_FILES = 256
 MAX_SEED_BYTES = 8 * MIB  # all seeded files together
 MAX_ENV_VARS = 128
 MAX_ENV_VALUE_BYTES = 32 * KIB
+# All of it (names, values, '=' and NUL each): what every exec of a step carries (an
+# attack review: 128 x 32 KiB, past what execve takes, copied into each docker exec)
+MAX_ENV_BYTES = 64 * KIB
 MAX_LABELS = 32
 MAX_LABEL_BYTES = 256
 MAX_COLLECT_PATTERNS = 32

@@ -187,6 +187,10 @@ class Limits(_Strict):
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _PLAIN_LABEL_RE = re.compile(r"[A-Za-z0-9._:@/-]*")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# The task message is decoded by kombu, whose JSON decoder turns a map of exactly these
+# keys into a typed value (Decimal, datetime...) or fails the message: the job came back
+# `rejected` by a worker where the same spec, taken by a chain, ran (a review).
+_KOMBU_TYPED = {"__type__", "__value__"}
 
 
 class JobSpec(_Strict):
@@ -225,6 +229,12 @@ class JobSpec(_Strict):
         seeded = sum(len(v.encode()) for v in self.files.values())
         if seeded > d.MAX_SEED_BYTES:
             raise SpecError("files", f"{seeded} bytes in all; the maximum is {d.MAX_SEED_BYTES}")
+        for name in ("env", "labels", "files"):  # kombu's JSON decoder takes such a map
+            if set(getattr(self, name)) == _KOMBU_TYPED:  # for a typed value (a review)
+                raise SpecError(name, "the keys __type__ and __value__ alone are reserved")
+        env_bytes = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in self.env.items())
+        if env_bytes > d.MAX_ENV_BYTES:
+            raise SpecError("env", f"{env_bytes} bytes in all; the maximum is {d.MAX_ENV_BYTES}")
         for name, value in self.env.items():
             if not _ENV_NAME_RE.fullmatch(name):
                 raise SpecError(f"env.{name}", "not a valid environment variable name")

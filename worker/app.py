@@ -90,6 +90,12 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
     size = int(getattr(sender, "concurrency", None) or settings.concurrency)
     _reservation = _reserve(size)
     name = getattr(sender, "hostname", None) or f"pid{os.getpid()}"
+    if settings.raise_pid_max:  # host-wide, as Debian's systemd does (tasklimits.py)
+        from sandbox_core.tasklimits import raise_pid_max
+
+        done = raise_pid_max()
+        if done:
+            print(f"sandfarm worker: kernel.pid_max {done}", flush=True)
     # Sweep what a previous, dead worker left in our slots before the first job.
     from worker.reaper import sweep_free
 

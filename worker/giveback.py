@@ -8,10 +8,13 @@ default) sends them again. Its jobs waited that long (a reliability review).
 The reaper outlives its worker (its own session) to sweep the slots; once they are clean
 no process of the worker's jobs is left, so it gives back each message whose job's
 running record (``Keys.running``, or its chain's current job's) names this worker and a
-pool process that is gone: put back at the head of its queue, as kombu's own restore
-does, and removed from the unacked hash in the same step, so no other restore sends it
-twice. A message the worker held but had not begun names no one: it waits for the
-visibility timeout, as before. A whole host lost (the reaper with it) also waits.
+pool process that is gone, and whose delivery came before that run began: put back at
+the head of its queue, as kombu's own restore does, and removed from the unacked hash in
+the same step, so no other restore sends it twice. Only in a round whose sweeps (the
+slots, the worker's containers) all succeeded: a docker job's container outlives its
+pool process until it is reaped. A message the worker held but had not begun names no
+one: it waits for the visibility timeout, as before. A whole host lost (the reaper with
+it) also waits.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from producer.protocol.records import RunningRecord
 
 # kombu's default ``unacked_index_key``: the delivery time of each unacked tag
 KOMBU_UNACKED_INDEX = "unacked_index"
+# The delivering host's clock (kombu's score) against Redis's (the run's start): a
+# message delivered more than this after its run began is another delivery's.
+DELIVERY_SKEW_S = 1.0
 
 # Put back only the entry read (a worker's ack or kombu's restore may have taken it since).
 _GIVE_BACK = """
@@ -47,9 +53,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _held_by_dead(client: redis.Redis, settings: Settings, qid: str, worker: str) -> bool:
+def _held_by_dead(
+    client: redis.Redis, settings: Settings, qid: str, worker: str, delivered: float
+) -> bool:
     """Is ``qid``'s message (or its chain's current job) run by ``worker``, in a pool
-    process that is gone?"""
+    process that is gone, and was it delivered (at ``delivered``, kombu's unacked_index
+    score) before that run began? A message requeued when the job's pool process died
+    and delivered to another worker since still names the dead one until it begins
+    there: given back then, it would run twice (a review)."""
     keys = settings.keys
     current = client.hget(keys.chain(qid), "q")
     for job in {qid, current.decode() if isinstance(current, bytes) else qid}:
@@ -59,6 +70,9 @@ def _held_by_dead(client: redis.Redis, settings: Settings, qid: str, worker: str
         try:
             record = RunningRecord.model_validate_json(raw)
         except ValueError:
+            continue
+        began = record.at
+        if began is None or delivered > began + DELIVERY_SKEW_S:
             continue
         if record.worker == worker and not _alive(record.pid):
             return True
@@ -76,7 +90,8 @@ def give_back(client: redis.Redis, settings: Settings, worker: str) -> int:
             continue
         if routing_key != settings.queue or not isinstance(qid, str):
             continue
-        if not _held_by_dead(client, settings, qid, worker):
+        delivered = client.zscore(KOMBU_UNACKED_INDEX, tag)
+        if delivered is None or not _held_by_dead(client, settings, qid, worker, delivered):
             continue
         message["headers"]["redelivered"] = True
         with_flag = dumps(message)

@@ -74,9 +74,9 @@ def timeout_of(spec: object) -> float:
 
 def own_record(spec: object, meta: MessageMeta) -> str:
     """The state record this job's submission wrote, as far as the store checks it (its
-    spec's hash; nothing charged): its result is stored only under a record of the same
-    spec, or writes it back if Redis lost it (lib_store.lua orphaned). '' for a spec that
-    is no dict (its result, `rejected`, is stored unchecked)."""
+    spec's hash): its result is stored only under a record of the same spec, never
+    without one (lib_store.lua orphaned). '' for a spec that is no dict or no JSON (its
+    result is stored unchecked)."""
     if not isinstance(spec, dict):
         return ""
     try:

@@ -213,17 +213,19 @@ def _loop(
             if client is not None:
                 with contextlib.suppress(Exception):
                     client.hdel(settings.keys.workers, name)
+        swept = False
         try:
             sweep_free(settings.workspace_dir)
             reap_containers(worker_judge(client, settings), settings.workspace_dir)
+            swept = True
         except Exception as exc:  # never let the reaper die of one bad slot
             print(f"sandfarm reaper: sweep failed: {exc!r}", flush=True)
         if orphaned_at is not None:
             ours = set(range(base, base + size))
             clean = not (dirty_slots(settings.workspace_dir) & ours)
-            if clean and client is not None:  # no process of its jobs is left
+            if clean and swept and client is not None:  # no process of its jobs is left
                 _give_back(client, settings, name)
-            if clean or time.monotonic() - orphaned_at > 60:
+            if (clean and swept) or time.monotonic() - orphaned_at > 60:
                 return
             time.sleep(min(interval, 0.5))
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -164,7 +165,33 @@ def _farm_checks(redis_url: str) -> list[dict[str, object]]:
         *_server_checks(redis_url),
         _jobs_memory_row(),
         _waiting_connections_row(),
+        _task_tables_row(),
     ]
+
+
+TASKS_ROW = "host task tables"
+
+
+def _task_tables_row() -> dict[str, object]:
+    """How many jobs at the most processes the host's pid and thread tables hold at once
+    (sandbox_core/tasklimits.py): past that, no process on the host can fork."""
+    from sandbox_core import defaults as d
+    from sandbox_core.tasklimits import PID_MAX_TARGET, jobs_at_most_processes, pid_max
+
+    fits, current = jobs_at_most_processes(), pid_max()
+    detail = (
+        f"kernel.pid_max {current}, threads-max as the RAM allows: {fits} jobs at the most"
+        f" processes ({d.PROCESSES[1]}) fit at once"
+    )
+    if current is not None and current < PID_MAX_TARGET:
+        detail += f"; a worker started as root raises pid_max to {PID_MAX_TARGET}"
+    # a worker's slots by default: one a CPU, two lanes (a review: pid_max alone read
+    # green where threads-max, at 4 GiB of RAM, held six such jobs)
+    slots = 2 * (os.cpu_count() or 1)
+    if fits is not None and fits < slots:
+        detail += f"; fewer than a worker's {slots} default slots: lower limits.processes caps"
+    active = current is not None and current >= PID_MAX_TARGET and (fits or 0) >= slots
+    return {"name": TASKS_ROW, "active": active, "detail": detail}
 
 
 WAITING_ROW = "tcp clients waiting"

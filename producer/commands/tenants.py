@@ -258,6 +258,8 @@ def gateway(host: str, port: int, workers: int, redis_url: str | None) -> None:
 
     import uvicorn
 
+    from producer.gateway.protocol import MAX_HEAD_BYTES, GatewayProtocol
+
     settings = reachable_settings(redis_url=redis_url)
     os.environ["SANDFARM_REDIS_URL"] = settings.redis_url  # for the worker processes
     uvicorn.run(
@@ -268,4 +270,8 @@ def gateway(host: str, port: int, workers: int, redis_url: str | None) -> None:
         workers=workers,
         log_level="info",
         proxy_headers=False,
+        # h11 with bounded heads, a head timeout and connection bounds: httptools, the
+        # default, buffers headers without a bound (producer/gateway/protocol.py)
+        http=GatewayProtocol,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )

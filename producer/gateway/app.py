@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from producer.gateway import metrics, problems
-from producer.gateway.admission import Admission
+from producer.gateway.admission import API_PREFIX, Admission
 from producer.gateway.asgi import App, Receive, Scope, Send, no_body
 from producer.gateway.context import Farm, farm_of
 from producer.gateway.routes import router
@@ -37,7 +37,10 @@ class BodyLimit:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        # Only the API takes bodies, and only its callers are known before one is read
+        # (admission.py): any other path's body is left unread, never buffered (an attack
+        # review: keyless 16 MiB bodies to /healthz grew a gateway 165 MB for 10).
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(API_PREFIX):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")

@@ -196,7 +196,7 @@ def counter_families(snap: Snapshot) -> Iterator[Metric]:
     )
     yield CounterMetricFamily(
         "sandfarm_orphaned_results",
-        "Results refused: their job's record names other code, or its tenant is gone",
+        "Results refused: their job's record names other code, or is gone",
         value=orphaned,
     )
     yield CounterMetricFamily(

@@ -57,6 +57,7 @@ class RunningRecord(_Record):
     worker: str | None
     pid: int
     slot: int
+    at: float | None = None  # when it began, by Redis's clock (lib_begin.lua stamps it)
 
 
 def redis_clock(client: redis.Redis) -> float:

@@ -104,6 +104,26 @@ class Settings(BaseSettings):
         le=10_000,
         description="requests of one tenant the gateway serves at once (429 beyond)",
     )
+    gateway_max_connections: int = Field(
+        4096,
+        ge=16,
+        le=1_000_000,
+        description="connections one gateway process holds open at once: more are closed as"
+        " they come (below its descriptor limit, which a flood of idle ones used up)",
+    )
+    gateway_max_connections_per_client: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="of those, from one client address (behind a NAT, all its tenants')",
+    )
+    gateway_header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="a request's line and headers must arrive within this of its"
+        " connection's start or the last response (else it is closed)",
+    )
     done_max_len: int = Field(
         1_000_000, ge=1000, description="cap of a client's completion list (oldest dropped)"
     )
@@ -155,6 +175,12 @@ class Settings(BaseSettings):
         True,
         description="local backends, as root: remount cgroup2 with `favordynmods`"
         " (host-wide; ~8 ms less per step); false leaves the host's mount as it is",
+    )
+    raise_pid_max: bool = Field(
+        True,
+        description="workers, as root: raise `kernel.pid_max` to 4194304 (as Debian's systemd"
+        " does at boot) where lower, so jobs at their process maximum cannot fill the"
+        " host's pid table (host-wide); false leaves it as it is",
     )
     prewarm: bool = Field(
         True,

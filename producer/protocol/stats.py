@@ -14,8 +14,8 @@ Fields (``|`` separates labels; tenants and ids never contain it):
 - ``redeliveries``: deliveries after the first (a worker died, a lost ack)
 - ``chained``: jobs a slot took itself as it stored the last one's result (worker/chain.py)
 - ``recovered``: dispatched messages found nowhere and pushed again (lib_dispatch.lua)
-- ``orphaned``: results refused for a record of other code, or of a tenant gone
-  (lib_store.lua orphaned: Redis lost the job's data while it ran)
+- ``orphaned``: results refused for a job record of other code, or none (lib_store.lua
+  orphaned: Redis lost the job's data while it ran)
 - ``refused|<tenant>|<reason>``: submissions refused at admission
 
 Bound: tenants x backends x statuses + backends x buckets; the hash expires

@@ -1,4 +1,5 @@
-"""Host settings the project applies itself: cgroup2's favordynmods (issue 13)."""
+"""Host settings the project applies itself: cgroup2's favordynmods (issue 13), and
+kernel.pid_max (sandbox_core/tasklimits.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import os
 import subprocess
 import sys
 
-from sandbox_core import cgroups, get_backend
+from sandbox_core import cgroups, get_backend, tasklimits
 from sandbox_core.backends.config import backend_config
 from tests.conftest import require
+from tests.farmkit import Farm, farm_db, make_farm  # noqa: F401
 
 
 def test_a_local_backend_as_root_mounts_cgroup2_with_favordynmods() -> None:
@@ -42,3 +44,33 @@ def test_the_opt_out_leaves_the_mount_alone(monkeypatch) -> None:
     assert called == []
     get_backend(backend_config("process")).close()
     assert called == [1]
+
+
+def test_a_worker_as_root_raises_the_hosts_pid_table_and_doctor_says_so(make_farm) -> None:  # noqa: F811
+    """At pid_max 32,768 (a host booted without systemd's sysctl) eight jobs at the most
+    processes fill the pid table, and no process on the host can fork (an attack review).
+    A worker started as root raises it as Debian's systemd does; the opt-out leaves it."""
+    require(os.geteuid() == 0, "needs root to write kernel.pid_max")
+    before = tasklimits.pid_max()
+    assert before is not None
+    try:
+        tasklimits.PID_MAX.write_text("32768")
+        assert tasklimits.jobs_at_most_processes() == (32768 - 4096) // 4096  # 7: the hole
+        farm: Farm = make_farm()
+        keeps = farm.start_worker("keeps", 1, SANDFARM_RAISE_PID_MAX="false")
+        keeps.stop()
+        assert "kernel.pid_max" not in keeps.log.read_text()  # the opt-out leaves it
+        tasklimits.PID_MAX.write_text("32768")  # (whatever else started meanwhile)
+        raises = farm.start_worker("raises", 1)
+        assert tasklimits.pid_max() == tasklimits.PID_MAX_TARGET
+        assert "kernel.pid_max raised from 32768 to 4194304" in raises.log.read_text()
+        doctor = subprocess.run(
+            [sys.executable, "-m", "producer.cli", "doctor", "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        row = {r["name"]: r for r in json.loads(doctor.stdout)["farm"]}["host task tables"]
+        assert row["active"] is True and "4194304" in row["detail"], row
+    finally:
+        tasklimits.PID_MAX.write_text(str(max(before, tasklimits.PID_MAX_TARGET)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -147,3 +148,50 @@ def test_metrics_stay_private_without_a_token(tenant_farm) -> None:  # noqa: F81
     out, _ = exposed.communicate(timeout=30)
     assert exposed.returncode == 1
     assert b"SANDFARM_METRICS_TOKEN" in out and b"Traceback" not in out, out
+
+
+def test_idle_connections_cannot_pile_up_in_the_collector(make_farm) -> None:  # noqa: F811
+    """Each connection held a thread for ever, before its token was checked: 2,000 idle
+    ones from anyone who could connect made 2,001 threads (an attack review, stop 39).
+    Now at most MAX_CONNECTIONS at once, each closed after REQUEST_TIMEOUT_S idle."""
+    import socket
+
+    from producer.metrics.server import MAX_CONNECTIONS
+
+    farm = make_farm()
+    port = free_port()
+    collector = start_collector({**farm.env, "SANDFARM_METRICS_TOKEN": TOKEN}, port)
+    try:
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).status_code == 401
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 30, 0.2, "the collector answers")
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+        time.sleep(1)
+        threads = len(os.listdir(f"/proc/{collector.pid}/task"))
+        assert threads <= MAX_CONNECTIONS + 8, threads  # 200 were open: not a thread each
+        closed = 0
+        for sock in idle:
+            sock.settimeout(0.2)
+            try:
+                closed += sock.recv(1) == b""
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 200 - MAX_CONNECTIONS, closed  # those over the bound: at once
+        for sock in idle:
+            sock.close()
+        scraped = httpx.get(
+            f"http://127.0.0.1:{port}/metrics",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+        assert scraped.status_code == 200  # Prometheus is still served
+    finally:
+        collector.kill()
+        collector.wait(10)

@@ -142,3 +142,21 @@ def test_files_with_long_names_all_come_back_where_they_can_be_opened(run, backe
         assert all(f.content == "ok" for f in result.files)
     else:
         assert len(result.files) + result.files_omitted == 60
+
+
+def test_a_directory_the_job_made_unreadable_costs_it_only_that_directory(run):
+    """Docker listed the workspace with one `find`, which fails on a directory it cannot
+    read: a step's `chmod 000` failed the job's `read_file` and every collect (an attack
+    review). Each backend now leaves such a directory out and keeps the rest."""
+    result = run(
+        steps=[
+            {"kind": "bash", "command": "echo result > out.txt; mkdir private; chmod 000 private"},
+            {"kind": "bash", "command": "ls private"},  # the trap is set: unreadable
+            {"kind": "read_file", "path": "out.txt"},
+        ],
+        collect=["out.txt"],
+    )
+    assert result.steps[1].exit_code != 0 and "ermission denied" in result.steps[1].stderr
+    assert result.steps[2].status == "succeeded", result.steps[2]
+    assert result.steps[2].stdout == "result\n"
+    assert [f.path for f in result.files] == ["out.txt"], result

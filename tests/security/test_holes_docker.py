@@ -5,6 +5,7 @@ owners by pids of its own namespace."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -205,3 +206,62 @@ def test_a_devpts_whose_maker_died_before_its_container_is_unmounted(is_root, tm
         for path in (live, orphan, foreign):
             if os.path.ismount(path):
                 _remove_devpts(path)
+
+
+def _execs_of_job(client, job_id: str) -> tuple[str, list[dict]]:
+    """(container, its running execs' configs) of job ``job_id``'s container (a cold
+    one: labelled with its job). The engine lists an exec there while it runs only, and
+    keeps its config for minutes after (its exec store's sweep)."""
+    for container in client.api.containers(filters={"label": f"sandfarm.job={job_id}"}):
+        info = client.api.inspect_container(container["Id"])
+        return container["Id"], [client.api.exec_inspect(e) for e in info.get("ExecIDs") or []]
+    return "", []
+
+
+def test_a_steps_exec_hands_the_engine_little_whatever_the_job_carries(docker_backend):
+    """dockerd keeps every exec's argv and environment for minutes after it ends (its
+    exec store is swept every 5 minutes, container gone or not): a job of 128 steps
+    with 4 MiB of env held ~1 GB of the engine's memory, outside every bound (an attack
+    review). The env is bounded (64 KiB in all), and a step whose program and env come
+    to more than 8 KiB starts through a launcher that reads them over its stream."""
+    client = _client()
+    marker = new_marker()
+    env = {f"V{i}": chr(65 + i) * 15000 for i in range(4)}  # 60 KiB: under the bound
+    code = (
+        "import hashlib, os, time\ntime.sleep(1)\n"
+        "print(hashlib.sha256(''.join(os.environ[f'V{i}'] for i in range(4)).encode())"
+        ".hexdigest())\n# " + "x" * 20000 + "\n"
+    )
+    spec = {
+        "steps": [
+            {"kind": "python", "code": code},
+            {"kind": "python", "code": code},
+            {"kind": "bash", "command": "sleep 3"},
+        ],
+        "id": marker,
+        "env": env,
+        "limits": {"timeout_s": 30},
+    }
+    done: dict = {}
+    runner = threading.Thread(target=lambda: done.update(r=docker_backend.run(parse_spec(spec))))
+    runner.start()
+    seen: dict[str, dict] = {}
+    probed = 0
+    deadline = time.monotonic() + 25
+    while time.monotonic() < deadline and runner.is_alive():
+        container, running = _execs_of_job(client, marker)
+        seen.update((x["ID"], x) for x in running)
+        if container and not probed:  # the engine shows what an exec carries: a plain one
+            probe = client.api.exec_create(container, ["true", code])["Id"]
+            probed = len(client.api.exec_inspect(probe)["ProcessConfig"]["arguments"][0])
+            seen.pop(probe, None)
+        time.sleep(0.05)
+    runner.join(40)
+    execs = [x for x in seen.values() if "true" not in x["ProcessConfig"]["entrypoint"]]
+    result = done["r"]
+    want = hashlib.sha256("".join(env[f"V{i}"] for i in range(4)).encode()).hexdigest()
+    assert [s.stdout.strip() for s in result.steps[:2]] == [want, want], result  # it ran
+    assert len(execs) >= 3, execs  # each step's exec, seen while the job ran
+    carried = [len(" ".join(x["ProcessConfig"]["arguments"]).encode()) for x in execs]
+    assert probed > 20000  # the control: a plain exec's config holds the program whole
+    assert max(carried) < 8 * 1024, carried  # the steps' execs: not their 20 KB programs

@@ -76,6 +76,9 @@ def test_defaults_come_from_one_place():
         ({"code": "1", "files": {"../x": "y"}}, "files.../x"),
         ({"steps": [{"kind": "read_file", "path": "/etc/passwd"}]}, "steps.0.path"),
         ({"code": "1", "env": {"1BAD": "x"}}, "env.1BAD"),
+        ({"code": "1", "env": {f"V{i}": "x" * 30000 for i in range(3)}}, "env"),  # 88 KB
+        ({"code": "1", "labels": {"__type__": "decimal", "__value__": "1"}}, "labels"),
+        ({"code": "1", "env": {"__type__": "uuid", "__value__": "x"}}, "env"),
         ({"code": "1", "id": "has space"}, "id"),
         ({"code": "1", "unknown": True}, "unknown"),
         ({"code": "1", "image": "x", "backend": "process"}, "image"),

@@ -21,7 +21,10 @@ local function begin_job(prefix, qid, running, running_for, now, ttl, stats_ttl)
     redis.call('HINCRBY', prefix .. 'stats', 'redeliveries', 1)
     redis.call('EXPIRE', prefix .. 'stats', stats_ttl)
   end
-  redis.call('SET', prefix .. 'running:' .. qid, running, 'EX', math.max(1, math.floor(running_for)))
+  -- stamped with when it began, by Redis's clock (worker/giveback.py compares it with
+  -- the delivery of the message a dead worker's reaper would give back)
+  local stamped = string.sub(running, 1, -2) .. string.format(',"at":%.3f}', now)
+  redis.call('SET', prefix .. 'running:' .. qid, stamped, 'EX', math.max(1, math.floor(running_for)))
   -- entries past their expiry (jobs of killed workers) are dropped here and by status()
   local inflight = prefix .. 'inflight'
   redis.call('ZREMRANGEBYSCORE', inflight, '-inf', now)

@@ -93,35 +93,30 @@ local function within_budget(prefix, tenant, usage, payload, qid, status, notify
       .. cap .. ' MiB, result_mb_per_day) is stored already') .. ',"labels":' .. labels .. '}'
 end
 
--- Is this result its record's job's? ``own``: the record the storing worker would write
--- for the job it ran ('' to skip the check: a cancel, whose caller read the record).
--- Redis restarted empty while a job ran, then its id was submitted again with other
--- code: the old run's result stored under the new record answered for code that never
--- ran (a reliability review). So a record naming another spec refuses the result, and a
--- missing one is written again from the job's own (kept: 0, nothing charged), so a
--- resubmission is told of a conflict or finds its result, unless its tenant is gone
--- (removed, or lost with Redis): its name may go to another team.
-local function orphaned(prefix, tenant, record, own, ttl)
+-- Is this result not its record's job's? ``own``: the record the storing worker's job
+-- had ('' to skip the check: a cancel, whose caller read the record). Redis restarted
+-- empty while a job ran, then its id was submitted again with other code: the old run's
+-- result, stored under the new record, answered for code that never ran, and stored
+-- first it left no record, so the other code was admitted and given it (a reliability
+-- review). So a result is stored only under a record of the spec that ran. A missing
+-- record is not written back: nothing tells the tenant that submitted the job from a
+-- team given its name since (a review of that rewrite: a purged tenant's late result
+-- went to the newcomer and took its id); its client is told the job is lost and sends
+-- it again.
+local function orphaned(record, own)
   if own == '' then return false end
   local state = redis.call('GET', record)
-  if state then
-    local ok, s = pcall(cjson.decode, state)
-    local known = ok and type(s) == 'table' and s.spec or ''
-    local mine = string.match(own, '"spec":"(%x*)"') or ''
-    return known ~= '' and mine ~= '' and known ~= mine
-  end
-  if tenant ~= '' and redis.call('EXISTS', prefix .. 'tenant:' .. tenant) == 0 then
-    return true
-  end
-  redis.call('SET', record, own, 'EX', ttl)
-  return false
+  if not state then return true end
+  local ok, s = pcall(cjson.decode, state)
+  local known = ok and type(s) == 'table' and s.spec or ''
+  local mine = string.match(own, '"spec":"(%x*)"') or ''
+  return known ~= '' and mine ~= '' and known ~= mine
 end
 
 local function store(K, A, token, token_ttl, own)
   local qid, prefix, tenant = A[3], A[5], A[6]
   local payload = A[1]
-  if redis.call('EXISTS', K[1]) == 0
-    and orphaned(prefix, tenant, prefix .. 'job:' .. qid, own or '', tonumber(A[2])) then
+  if redis.call('EXISTS', K[1]) == 0 and orphaned(prefix .. 'job:' .. qid, own or '') then
     redis.call('HINCRBY', K[6], 'orphaned', 1)
     redis.call('EXPIRE', K[6], A[21])
     redis.call('ZREM', K[4], qid)

@@ -42,6 +42,18 @@ READY_WAIT_S = 15.0
 ACK_WAIT_S = 5.0
 # The kernel's own bound on argv + environment is below this.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# A cold step's exec carries at most this much argv and environment; a larger step
+# goes through a launcher armed for it (session.py: dockerd keeps each exec's for minutes).
+EXEC_INLINE_BYTES = 8 * 1024
+
+
+def exec_payload_bytes(argv: list[str], env: dict[str, str]) -> int:
+    """What an exec of ``argv`` with ``env`` hands the engine, in bytes."""
+    args = sum(len(a.encode(errors="surrogatepass")) + 1 for a in argv)
+    return args + sum(
+        len(k.encode()) + len(v.encode(errors="surrogatepass")) + 2 for k, v in env.items()
+    )
+
 
 SOURCE = r"""
 import ctypes, os, signal, sys

@@ -16,7 +16,14 @@ from sandbox_core import defaults as d
 from sandbox_core.backends.base import Session
 from sandbox_core.backends.docker.containers import SCRIPTS, WORKSPACE
 from sandbox_core.backends.docker.hostcgroup import ContainerCgroup
-from sandbox_core.backends.docker.launcher import Launcher, LauncherGone, feed_stdin
+from sandbox_core.backends.docker.launcher import (
+    EXEC_INLINE_BYTES,
+    Launcher,
+    LauncherGone,
+    arm,
+    exec_payload_bytes,
+    feed_stdin,
+)
 from sandbox_core.backends.docker.stream import STDERR, STDOUT, FrameDemux
 from sandbox_core.backends.docker.transfer import FileTransfer
 from sandbox_core.backends.steps import clean_environment, inline_argv, script_argv, source_of
@@ -323,6 +330,13 @@ class DockerSession(Session):
         cpu_before = self.cgroup.cpu_ns()
         self.dirty = True
         launcher, self.launcher = self.launcher, None  # the first step's only
+        prewarmed = self.prewarmed
+        if launcher is None and exec_payload_bytes(argv, env) > EXEC_INLINE_BYTES:
+            # dockerd keeps every exec's argv and environment for minutes after it ends
+            # (its exec store is swept every 5 min, container gone or not): 128 steps of
+            # 4 MiB of env held ~1 GB there, outside every bound (an attack review). So a
+            # large step goes through a launcher, which reads them over its stream.
+            launcher = arm(self.api, self.id, self.uid)  # None: no python3, exec carries it
         outcome = self._exec(
             argv,
             stdin=step.stdin.encode() if step.stdin is not None else None,
@@ -338,6 +352,7 @@ class DockerSession(Session):
                 tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB),
             ),
         )
+        self.prewarmed = prewarmed  # a launcher armed for this step is no prewarm
         self._sweep()  # now, not before the next step: leftovers run unwatched between
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count, read as the kill came where the cgroup went with the

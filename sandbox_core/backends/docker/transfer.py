@@ -103,7 +103,11 @@ class FileTransfer:
 
     def list_files(self) -> dict[str, int]:
         """Regular files of the workspace -> size; NUL-separated, so any name survives."""
-        raw = self._run(["find", ".", "-type", "f", "-printf", "%s\\t%P\\0"], None, 4 * d.MIB)
+        # a directory the job made unreadable is left out, not an error that failed the
+        # whole listing (an attack review: one `chmod 000` dir lost every file's collect)
+        argv = ["find", ".", "-type", "d", "(", "!", "-readable", "-o", "!", "-executable", ")"]
+        argv += ["-prune", "-o", "-type", "f", "-printf", "%s\\t%P\\0"]
+        raw = self._run(argv, None, 4 * d.MIB)
         files: dict[str, int] = {}
         # every whole record ends in a NUL: what follows the last is a listing cut at its
         # budget mid-name (an attack review: that partial path failed the whole collect)

@@ -1,0 +1,52 @@
+"""What a dead worker's reaper gives back (worker/giveback.py), against a real Redis: the
+running record as begin_attempt.lua writes it, kombu's unacked hash and index as kombu
+writes them. The end-to-end case (a SIGKILLed worker's job runs again at once) is
+tests/faults/test_farm_faults.py."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+from kombu.utils.json import dumps
+
+from producer.protocol import RunningRecord, Settings, connect
+from producer.protocol.scripts import FarmScripts
+from tests.farmkit import private_db
+from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, give_back
+
+
+def _unacked(r, settings: Settings, qid: str, tag: str, delivered: float) -> None:
+    message = {"headers": {"id": qid, "task": "sandfarm.execute"}, "body": "[]"}
+    r.hset(KOMBU_UNACKED, tag, dumps([message, "", settings.queue]))
+    r.zadd(KOMBU_UNACKED_INDEX, {tag: delivered})
+
+
+def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: str) -> None:
+    with private_db(redis_url) as url:
+        tag = uuid.uuid4().hex[:6]
+        settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:")
+        r, scripts = connect(url), FarmScripts(connect(url), settings)
+        dead_pid = 2**22 + 7  # above any pid_max: never alive
+        for qid in ("ran-here", "sent-on"):
+            running = RunningRecord(worker="w1@host", pid=dead_pid, slot=0)
+            assert scripts.begin_attempt(qid, running, 30, uuid.uuid4().hex) is not None
+        began = RunningRecord.model_validate_json(r.get(settings.keys.running("ran-here"))).at
+        assert began is not None and abs(began - time.time()) < 5  # stamped by Redis
+        # delivered to w1, then begun there: its run died with w1
+        _unacked(r, settings, "ran-here", "t1", began - 0.01)
+        # its pool process died and it was delivered again, to a live worker that has
+        # not begun it: still named by w1's record, but not w1's to give back
+        _unacked(r, settings, "sent-on", "t2", began + 30)
+        assert give_back(r, settings, "w1@host") == 1
+        assert r.lrange(settings.queue, 0, -1) and not r.hexists(KOMBU_UNACKED, "t1")
+        assert r.hexists(KOMBU_UNACKED, "t2")  # left with its holder
+        # a live pool process's run, or another worker's, is never given back
+        _unacked(r, settings, "ran-here", "t3", began - 0.01)
+        assert give_back(r, settings, "w2@host") == 0
+        r.set(
+            settings.keys.running("ran-here"),
+            RunningRecord(worker="w1@host", pid=os.getpid(), slot=0, at=began).dump(),
+        )
+        assert give_back(r, settings, "w1@host") == 0
