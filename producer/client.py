@@ -211,7 +211,8 @@ class FarmClient:
         pending = set(ids)
         watch = WaitWatch(self, notice)
         deadline = None if timeout is None else time.monotonic() + timeout
-        for result in self.results(list(pending), batch).values():
+        # results are taken a chunk at a time (jobs.each_result): never all at once
+        for _, result in self.jobs.each_result(list(pending), batch):
             pending.discard(result.id or "")
             yield result
         last_rescan = last_check = time.monotonic()
@@ -224,20 +225,22 @@ class FarmClient:
             watch.tick()
             block = 1.0 if deadline is None else max(0.01, min(1.0, deadline - now))
             wanted = self.jobs.done(self.done_key, pending, block, batch)
-            found: list[JobResult] = []
+            found = 0
             if wanted:
-                found = list(self.results(wanted, batch).values())
+                ids = wanted
             elif time.monotonic() - last_rescan >= rescan_s:
                 # Jobs announced to another client, or an announcement already popped.
-                found = list(self.results(list(pending), batch).values())
-                last_rescan = time.monotonic()
-                if not found and last_rescan - last_check >= LOST_CHECK_S:
-                    self._check_known(pending)
-                    last_check = last_rescan
-            for result in found:
+                ids, last_rescan = list(pending), time.monotonic()
+            else:
+                continue
+            for _, result in self.jobs.each_result(ids, batch):
                 pending.discard(result.id or "")
                 watch.progress()
+                found += 1
                 yield result
+            if not wanted and not found and last_rescan - last_check >= LOST_CHECK_S:
+                self._check_known(pending)
+                last_check = last_rescan
 
     def _check_known(self, pending: set[str]) -> None:
         """Raise JobsLostError for those of ``pending`` the farm has no record of (state

@@ -10,6 +10,7 @@ Retry-After says, then sends again.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -163,16 +164,24 @@ class GatewayClient:
         self, ids: Iterable[str], batch: int = BATCH
     ) -> tuple[dict[str, JobResult], list[str]]:
         """The final results among ``ids``, and the ids the farm has no record of."""
-        found: dict[str, JobResult] = {}
         unknown: list[str] = []
+        found = {r.id or "": r for r in self._each_result(ids, batch, unknown)}
+        return found, unknown
+
+    def _each_result(
+        self, ids: Iterable[str], batch: int = BATCH, unknown: list[str] | None = None
+    ) -> Iterator[JobResult]:
+        """The final results among ``ids``, a reply at a time (each bounded by the
+        gateway): a caller that takes them one by one never holds them all (a review);
+        ``unknown`` gets the ids the farm has no record of."""
         ids = list(ids)
         for start in range(0, len(ids), min(batch, BATCH)):
             reply = self._json("POST", "/v1/results", json={"ids": ids[start : start + BATCH]})
-            for raw in reply["results"]:
-                result = JobResult.model_validate(raw)
-                found[result.id or ""] = result
-            unknown += reply.get("unknown", ())
-        return found, unknown
+            if unknown is not None:
+                unknown += reply.get("unknown", ())
+            results, reply["results"] = reply["results"], None
+            for raw in results:
+                yield JobResult.model_validate(raw)
 
     def result(self, job_id: str, timeout: float | None = None) -> JobResult | None:
         deadline = time.monotonic() + (timeout or 0)
@@ -216,7 +225,7 @@ class GatewayClient:
         workers are not a tenant's to see.)"""
         pending = set(ids)
         deadline = None if timeout is None else time.monotonic() + timeout
-        for result in self.results(list(pending)).values():
+        for result in self._each_result(list(pending)):
             pending.discard(result.id or "")
             yield result
         last_rescan = last_check = time.monotonic()
@@ -226,23 +235,26 @@ class GatewayClient:
                 raise TimeoutError(f"{len(pending)} jobs not finished after {timeout:g}s")
             wait = round(max(0.01, min(WAIT_S, left)), 3)
             reply = self._json("GET", "/v1/completions", params={"wait": wait})
-            found = [JobResult.model_validate(r) for r in reply["results"]]
+            given = [JobResult.model_validate(r) for r in reply["results"]]  # one reply
             named = [i for i in reply.get("pending", ()) if i in pending]  # not given back
-            if named:
-                found += list(self.results(named).values())
-            found = [r for r in found if r.id in pending]
+            found = 0
+            for result in itertools.chain(given, self._each_result(named)):
+                if result.id in pending:
+                    pending.discard(result.id or "")
+                    found += 1
+                    yield result
             if not found and time.monotonic() - last_rescan >= rescan_s:
-                rescanned, unknown = self._results(list(pending))
-                found = list(rescanned.values())
+                unknown: list[str] = []
+                for result in self._each_result(list(pending), unknown=unknown):
+                    if result.id in pending:
+                        pending.discard(result.id or "")
+                        found += 1
+                        yield result
                 last_rescan = time.monotonic()
                 if not found and last_rescan - last_check >= LOST_CHECK_S:
                     if unknown:
                         raise JobsLostError(sorted(unknown), f"gateway {self._url()}")
                     last_check = last_rescan
-            for result in found:
-                if result.id in pending:
-                    pending.discard(result.id or "")
-                    yield result
 
     # --- control --------------------------------------------------------------------
 

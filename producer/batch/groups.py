@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from producer.batch.passk import DEFAULT_KS, pass_at_k
+from producer.terminal import plain
 from sandbox_core import SpecError
 
 NO_GROUP = "(none)"  # jobs without the label
@@ -55,7 +56,7 @@ class Groups:
             table.add_column(name, justify="left" if name == "group" else "right")
         for row in data["groups"][:SHOWN_GROUPS]:
             values = [f"{row[k]:.3f}" if k in row else "-" for k in ks]
-            table.add_row(row["group"], str(row["jobs"]), str(row["passed"]), *values)
+            table.add_row(plain(row["group"]), str(row["jobs"]), str(row["passed"]), *values)
         if len(data["groups"]) > SHOWN_GROUPS:
             table.add_row(f"... {len(data['groups']) - SHOWN_GROUPS} more", "", "")
         table.add_section()

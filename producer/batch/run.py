@@ -23,6 +23,7 @@ from producer.batch.progress import BatchProgress
 from producer.batch.results import Previous, ResultsWriter, load_previous
 from producer.batch.summary import EXPECT_LABEL, Summary
 from producer.protocol import IdConflictError, InputChangedError, JobsLostError
+from producer.terminal import one_line
 from sandbox_core import JobResult, JobSpec, SpecError
 
 DEFAULT_CHUNK = 500
@@ -123,7 +124,7 @@ class _Run:
         self.report.invalid += 1
         self.summary.invalid = self.report.invalid
         self.err.print(
-            f"[yellow]{escape(item.file)}:{item.line}:[/] {escape(item.error)}",
+            f"[yellow]{escape(one_line(item.file))}:{item.line}:[/] {escape(one_line(item.error))}",
             highlight=False,
             soft_wrap=True,
         )
@@ -132,7 +133,9 @@ class _Run:
 
     def notice(self, message: str) -> None:
         # The bar's own console: the line goes above the live bar, which stays intact.
-        self.err.print(f"sandfarm: {message}", markup=False, highlight=False, soft_wrap=True)
+        self.err.print(
+            f"sandfarm: {one_line(message)}", markup=False, highlight=False, soft_wrap=True
+        )
 
     # --- pass 1: validate every line, report the bad ones, decide what still runs -----
 

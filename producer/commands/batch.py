@@ -160,6 +160,10 @@ def run(
         fail(f"-o {output} is also an input file")
     if len({path.resolve() for path in files}) != len(files):
         fail("an input file is given twice")
+    if summary_json is not None:  # it would replace RESULTS or an input (a review)
+        taken = [*files, *([] if to_stdout else [output])]
+        if any(summary_json.resolve() == path.resolve() for path in taken):
+            fail(f"--summary-json {summary_json} is also the RESULTS file or an input file")
     names = [STDIN_NAME if str(path) == "-" else path.name for path in jobs]
     if len({name.removesuffix(".jsonl") for name in names}) != len(names):
         fail(

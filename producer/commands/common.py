@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from producer.protocol import FarmUnavailableError, Settings, get_settings
 from producer.protocol.connection import check
+from producer.terminal import one_line
 
 if TYPE_CHECKING:
     from producer.jobclient import JobClient
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr, then exit: bad input is 2, a farm failure 1."""
-    click.echo(f"sandfarm: error: {message}", err=True)
+    click.echo(f"sandfarm: error: {one_line(message)}", err=True)  # it may quote a spec
     sys.exit(code)
 
 

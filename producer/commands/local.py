@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from producer.commands.common import fail
+from producer.terminal import one_line, terminal_safe
 from sandbox_core import BACKEND_NAMES, JobResult, JobSpec, SpecError, get_backend, parse_spec
 from sandbox_core.errors import BackendUnavailableError
 
@@ -57,23 +58,6 @@ def spec_from_options(
         fail(str(exc))
 
 
-# C0 and C1 control characters but newline and tab, shown escaped on a terminal: a job's
-# output must not move the cursor, erase lines or retitle the window.
-_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if c not in (9, 10)}
-
-
-def escape_controls(text: str, on_terminal: bool) -> str:
-    return text.translate(_CONTROLS) if on_terminal else text
-
-
-def terminal_safe(text: str, on_terminal: bool) -> str:
-    """Job output as the CLI shows it: on a terminal, control characters escaped and every
-    line indented, so no job can print a line that passes for the farm's own."""
-    if not on_terminal:
-        return text
-    return "".join(f"  | {line}" for line in text.translate(_CONTROLS).splitlines(True))
-
-
 def print_result(result: JobResult, as_json: bool) -> None:
     if as_json:
         click.echo(result.model_dump_json())
@@ -91,10 +75,14 @@ def print_result(result: JobResult, as_json: bool) -> None:
         if step.stderr:
             stderr = terminal_safe(step.stderr, err_tty)
             click.echo(stderr, nl=not stderr.endswith("\n"), err=True, color=True)
-        if step.message:
-            click.echo(f"    {escape_controls(step.message, err_tty)}", err=True)
-    tail = f": {escape_controls(result.message, err_tty)}" if result.message else ""
+        if step.message:  # one line: a path in it may hold newlines (a review)
+            click.echo(f"    {_message(step.message, err_tty)}", err=True)
+    tail = f": {_message(result.message, err_tty)}" if result.message else ""
     click.echo(f"=== {result.status.value}{tail}", err=True)
+
+
+def _message(text: str, on_terminal: bool) -> str:
+    return one_line(text) if on_terminal else text
 
 
 def limit_options(func):

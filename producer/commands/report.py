@@ -45,6 +45,8 @@ def report(results: Path, output: Path, group_by: str) -> None:
         fail(str(exc))
     from producer.eval.run import verdicts_for
 
+    if output.resolve() == results.resolve():  # it would replace the results (a review)
+        fail(f"-o {output} is the RESULTS file it reads: name another")
     data = load(results, label, verdicts_for(results))
     if not data.jobs:
         fail(f"{results}: no job results in it (one JobResult JSON per line)")

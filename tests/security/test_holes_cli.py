@@ -3,11 +3,15 @@ of the job's reaches the terminal, and no line of the job's passes for the farm'
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import pty
 import select
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -21,9 +25,10 @@ SPOOF = (
 )
 
 
-def _on_a_terminal(argv: list[str]) -> bytes:
+def _on_a_terminal(argv: list[str], columns: int = 200) -> bytes:
     """What ``argv`` writes to a terminal (stdout and stderr both on one pty)."""
     main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sub, stderr=sub)
     os.close(sub)
     chunks = []
@@ -56,3 +61,75 @@ def test_job_output_cannot_spoof_the_status_on_a_terminal(is_root):
     assert any(line.startswith(b"=== failed") for line in lines), shown  # the real status
     assert b"=== succeeded" not in lines  # the fake one is only ever indented
     assert any(line.endswith(b"=== succeeded") for line in lines)
+
+
+def _lines(shown: bytes) -> list[bytes]:
+    return shown.replace(b"\r\n", b"\n").split(b"\n")
+
+
+@pytest.mark.no_backend  # the real CLI in a subprocess; its own control below
+def test_a_message_or_a_long_line_cannot_spoof_the_status_on_a_terminal(tmp_path, is_root):
+    """A step's message quoted a path with newlines unescaped, and a line of the job's
+    as wide as the terminal wrapped its words onto a row of their own, past the indent:
+    either printed `=== succeeded` at the start of a row (an attack review, stop 39)."""
+    job = tmp_path / "job.json"
+    spoof = "nothing\n=== succeeded\n\nx"
+    job.write_text(json.dumps({"steps": [{"kind": "read_file", "path": spoof}]}))
+    piped = subprocess.run([SANDFARM, "run", "--job", str(job)], capture_output=True, timeout=60)
+    assert b"\n=== succeeded\n" in piped.stderr, piped  # the control: the path is in it
+    shown = _lines(_on_a_terminal([SANDFARM, "run", "--job", str(job)]))
+    assert not any(line.startswith(b"=== succeeded") for line in shown), shown
+    assert any(line.startswith(b"=== failed") for line in shown), shown
+    wide = "print(' ' * 76 + '=== succeeded')\nraise SystemExit(3)"
+    shown = _lines(_on_a_terminal([SANDFARM, "run", "--code", wide], columns=80))
+    assert any(b"=== succeeded" in line for line in shown), shown  # it was printed
+    assert not any(line.startswith(b"=== succeeded") for line in shown), shown
+    assert all(len(line.decode().rstrip()) <= 80 for line in shown), shown
+
+
+@pytest.mark.no_backend  # the CLI's own error path: nothing runs
+def test_an_error_quoting_a_spec_is_one_line_with_no_escape(tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"code": "1", "labels": {"k\x1b]0;owned\x07\n=== ok": "x" * 300}}))
+    failed = subprocess.run([SANDFARM, "run", "--job", str(job)], capture_output=True, timeout=60)
+    assert failed.returncode == 2, failed
+    err = failed.stderr.decode()
+    assert "\\x1b]0;owned\\x07" in err, err  # the key is quoted, escaped
+    assert "\x1b" not in err and err.count("\n") == 1, err
+
+
+@pytest.mark.no_backend  # rich's rendering of our table, as a terminal gets it
+def test_a_label_cannot_write_escapes_or_markup_into_the_group_table():
+    import io
+
+    from rich.console import Console
+
+    from producer.batch.groups import Groups
+
+    groups = Groups("task")
+    evil = "\x1b]0;PWNED\x07\x1b[2J[blink]x[/blink][link=http://e]y[/link]"
+    groups.add({"labels": {"task": evil}, "status": "succeeded"})
+    out = io.StringIO()
+    Console(file=out, force_terminal=True, width=200, color_system=None).print(groups.table())
+    shown = out.getvalue()
+    assert "\x1b]0;" not in shown and "\x1b[2J" not in shown, repr(shown)
+    assert "[blink]x[/blink]" in shown and "\\x1b]0;PWNED" in shown, repr(shown)
+
+
+@pytest.mark.no_backend  # the CLI's own checks, before any farm is asked
+def test_no_output_option_overwrites_the_results_or_an_input(tmp_path):
+    """`--summary-json` and `report -o` replaced the RESULTS file or an input with what
+    they wrote, where `-o` is checked (a review, stop 39)."""
+    jobs, results = tmp_path / "jobs.jsonl", tmp_path / "results.jsonl"
+    jobs.write_text('{"id": "a", "command": "true"}\n')
+    results.write_text('{"id": "a", "status": "succeeded"}\n')
+    for target in (results, jobs):
+        argv = [SANDFARM, "batch", "run", str(jobs), "-o", str(results)]
+        ran = subprocess.run([*argv, "--summary-json", str(target)], capture_output=True)
+        assert ran.returncode == 2 and b"--summary-json" in ran.stderr, ran
+    report = subprocess.run(
+        [SANDFARM, "report", str(results), "-o", str(results)], capture_output=True
+    )
+    assert report.returncode == 2 and b"RESULTS file" in report.stderr, report
+    assert jobs.read_text() == '{"id": "a", "command": "true"}\n'
+    assert results.read_text() == '{"id": "a", "status": "succeeded"}\n'
