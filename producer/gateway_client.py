@@ -174,9 +174,9 @@ class GatewayClient:
         """The final results among ``ids``, a reply at a time (each bounded by the
         gateway): a caller that takes them one by one never holds them all (a review);
         ``unknown`` gets the ids the farm has no record of."""
-        ids = list(ids)
-        for start in range(0, len(ids), min(batch, BATCH)):
-            reply = self._json("POST", "/v1/results", json={"ids": ids[start : start + BATCH]})
+        ids, step = list(ids), min(batch, BATCH)
+        for start in range(0, len(ids), step):  # a review: windows of BATCH overlapped
+            reply = self._json("POST", "/v1/results", json={"ids": ids[start : start + step]})
             if unknown is not None:
                 unknown += reply.get("unknown", ())
             results, reply["results"] = reply["results"], None

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from producer.commands.common import fail
-from producer.terminal import one_line, terminal_safe
+from producer.terminal import MESSAGE_PREFIX, terminal_rows, terminal_safe
 from sandbox_core import BACKEND_NAMES, JobResult, JobSpec, SpecError, get_backend, parse_spec
 from sandbox_core.errors import BackendUnavailableError
 
@@ -75,14 +75,13 @@ def print_result(result: JobResult, as_json: bool) -> None:
         if step.stderr:
             stderr = terminal_safe(step.stderr, err_tty)
             click.echo(stderr, nl=not stderr.endswith("\n"), err=True, color=True)
-        if step.message:  # one line: a path in it may hold newlines (a review)
-            click.echo(f"    {_message(step.message, err_tty)}", err=True)
-    tail = f": {_message(result.message, err_tty)}" if result.message else ""
-    click.echo(f"=== {result.status.value}{tail}", err=True)
-
-
-def _message(text: str, on_terminal: bool) -> str:
-    return one_line(text) if on_terminal else text
+        if step.message:  # it may quote the spec: a path of newlines, or 80 columns
+            shown = terminal_rows(step.message, err_tty, MESSAGE_PREFIX)
+            click.echo(shown if err_tty else f"{MESSAGE_PREFIX}{step.message}", err=True)
+    tail = f": {result.message}" if result.message else ""
+    # the status line is the CLI's: its own row at column 0, the message's rows indented
+    status = f"=== {result.status.value}{tail}"
+    click.echo(terminal_rows(status, err_tty, MESSAGE_PREFIX, first=""), err=True)
 
 
 def limit_options(func):

@@ -274,4 +274,5 @@ def gateway(host: str, port: int, workers: int, redis_url: str | None) -> None:
         # default, buffers headers without a bound (producer/gateway/protocol.py)
         http=GatewayProtocol,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        ws="none",  # no WebSocket route: nothing to upgrade to
     )

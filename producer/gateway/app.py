@@ -32,9 +32,10 @@ class BodyLimit:
     client may lie in Content-Length, or send none). The body is read here, up to the
     limit, and handed on whole: the app would hold it all anyway to parse it."""
 
-    def __init__(self, app: App, limit: int) -> None:
+    def __init__(self, app: App, limit: int, timeout_s: float) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Only the API takes bodies, and only its callers are known before one is read
@@ -49,18 +50,24 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         seen = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunk = message.get("body", b"")
-            seen += len(chunk)
-            if seen > self.limit:
-                await self._refuse(scope, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        # a body trickled, or promised (Expect: 100-continue) and never sent, held its
+        # request's slot and connection with no end (a review): it has timeout_s
+        with anyio.move_on_after(self.timeout_s) as late:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return
+                chunk = message.get("body", b"")
+                seen += len(chunk)
+                if seen > self.limit:
+                    await self._refuse(scope, send)
+                    return
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        if late.cancelled_caught:
+            await self._too_slow(scope, send)
+            return
         whole: MutableMapping[str, Any] = {"type": "http.request", "body": b"".join(chunks)}
         handed = False
 
@@ -72,6 +79,16 @@ class BodyLimit:
             return whole
 
         await self.app(scope, replay, send)
+
+    async def _too_slow(self, scope: Scope, send: Send) -> None:
+        problem = problems.Problem(
+            type=problems.TYPES + "timeout",
+            title="Request timeout",
+            status=408,
+            detail=f"the body did not come whole within {self.timeout_s:g} s",
+        )
+        response = problems.response(problem, {"Connection": "close"})
+        await response(scope, no_body, send)
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         problem = problems.Problem(
@@ -137,7 +154,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         return Health(status="ok")
 
-    app.add_middleware(BodyLimit, limit=settings.gateway_max_body_mb * 1024 * 1024)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.gateway_max_body_mb * 1024 * 1024,
+        timeout_s=settings.gateway_body_timeout_s,
+    )
     # outside BodyLimit: a caller is known, and within its tenant's bound, before its body
     # is read
     app.add_middleware(Admission, farm=farm, per_tenant=settings.gateway_max_in_flight)

@@ -11,6 +11,9 @@ untrusted clients needs and uvicorn leaves out (an attack review, stop 39).
   ``gateway_max_connections_per_client`` from one address; more are closed as they come.
   20,000 idle ones used up its descriptors, and a tenant's request failed.
 
+- No connection is upgraded (WebSocket, h2c): the API has none, and an upgraded
+  connection would leave the per-client count behind.
+
 A flood from many addresses can still fill the connection bound, denying service until
 the header timeout frees it: a firewall or proxy in front is the answer to that
 (SECURITY.md).
@@ -70,6 +73,12 @@ class GatewayProtocol(H11Protocol):
         super().on_response_complete()
         if not self.transport.is_closing():
             self._await_head()  # the next request's head, if any comes
+
+    def _should_upgrade(self) -> bool:
+        # No upgrade, ever: the API has no WebSocket route, an upgraded connection left
+        # the per-client count for good (a review: an address locked out, with the
+        # `websockets` package installed), and each refused one logged two warnings.
+        return False
 
     def _await_head(self) -> None:
         if self._head_deadline is not None:

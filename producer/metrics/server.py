@@ -10,13 +10,12 @@ import hmac
 import ipaddress
 import signal
 import sys
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from producer.metrics.bounded import REQUEST_TIMEOUT_S, BoundedServer
 from producer.metrics.collector import FarmCollector
 from producer.protocol import FarmError, Settings, connect
 
@@ -63,6 +62,7 @@ def server(settings: Settings, host: str, port: int) -> ThreadingHTTPServer:
         timeout = REQUEST_TIMEOUT_S  # a connection that sends nothing is closed
 
         def do_GET(self) -> None:
+            httpd.head_in(self.request)
             if self.path.split("?", 1)[0] != "/metrics":
                 self._reply(404, b"not found: the metrics are at /metrics\n")
             elif not token_ok(self.headers.get("Authorization"), token):
@@ -82,38 +82,8 @@ def server(settings: Settings, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: object) -> None:
             pass  # a scrape every few seconds is not news
 
-    return BoundedServer((host, port), Handler)
-
-
-# A scrape comes every few seconds; anything slower or more numerous is not Prometheus.
-# Idle connections each held a thread for ever, before the token was ever checked: 2,000
-# of them, from anyone who could connect (an attack review, stop 39).
-REQUEST_TIMEOUT_S = 10.0
-MAX_CONNECTIONS = 32
-
-
-class BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most MAX_CONNECTIONS at once: more are closed."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    httpd = BoundedServer((host, port), Handler)
+    return httpd
 
 
 def serve(settings: Settings, host: str, port: int) -> None:

@@ -124,6 +124,13 @@ class Settings(BaseSettings):
         description="a request's line and headers must arrive within this of its"
         " connection's start or the last response (else it is closed)",
     )
+    gateway_body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="a request's whole body must come within this once its head has (else"
+        " 408): a trickled body held its request's slot for ever",
+    )
     done_max_len: int = Field(
         1_000_000, ge=1000, description="cap of a client's completion list (oldest dropped)"
     )

@@ -5,6 +5,7 @@ ran out of descriptors). producer/gateway/protocol.py, app.py BodyLimit."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -137,3 +138,56 @@ def test_idle_connections_are_closed_and_bounded_per_client(make_farm) -> None: 
             0.2,
             "served again",
         )
+
+
+def test_no_connection_is_upgraded_or_logged_for_trying(make_farm) -> None:  # noqa: F811
+    """An upgraded connection left the per-client count for good (a review: with the
+    `websockets` package installed, 256 upgrades locked their address out), and each
+    refused one logged two warnings. No request is upgraded: it is served as HTTP."""
+    with _gateway(make_farm) as gateway:
+        for _ in range(3):
+            sock = _connect(gateway)
+            sock.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+            )
+            sock.settimeout(5)
+            assert sock.recv(100).startswith(b"HTTP/1.1 200"), "not served as HTTP"
+            sock.close()
+        assert "upgrade" not in gateway.log.read_text().lower()
+
+
+def test_a_keyed_body_that_trickles_ends_with_408(make_farm) -> None:  # noqa: F811
+    """A tenant's request whose body trickled, or was promised and never sent, held its
+    slot and connection with no end (a review). It has the body timeout, then 408."""
+    from producer.protocol import connect
+    from producer.protocol.tenant_store import TenantStore
+    from producer.protocol.tenants import Policy
+
+    farm: Farm = make_farm(SANDFARM_GATEWAY_BODY_TIMEOUT_S="2")
+    from tests.farmkit import free_port
+
+    gateway = launch_gateway(farm, "127.0.0.1", free_port())
+    try:
+        store = TenantStore(connect(farm.settings.redis_url), farm.settings.keys)
+        store.add("slow", Policy())
+        key, _ = store.create_key("slow")
+        sock = _connect(gateway)
+        head = (
+            "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Length: 1000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"jobs": [')
+        started = time.monotonic()
+        sock.settimeout(0.5)
+        answer = b""
+        while time.monotonic() - started < 10 and not answer:
+            with contextlib.suppress(TimeoutError):
+                sock.sendall(b" ")  # a byte a half second: never the whole body
+                answer = sock.recv(200)
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert 1.5 < time.monotonic() - started < 6
+        sock.close()
+    finally:
+        gateway.stop()

@@ -3,6 +3,7 @@ collector's and the gateway's /metrics scraped and their counts checked exactly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -152,11 +153,13 @@ def test_metrics_stay_private_without_a_token(tenant_farm) -> None:  # noqa: F81
 
 def test_idle_connections_cannot_pile_up_in_the_collector(make_farm) -> None:  # noqa: F811
     """Each connection held a thread for ever, before its token was checked: 2,000 idle
-    ones from anyone who could connect made 2,001 threads (an attack review, stop 39).
-    Now at most MAX_CONNECTIONS at once, each closed after REQUEST_TIMEOUT_S idle."""
+    ones from anyone who could connect made 2,001 threads (an attack review, stop 39);
+    then 32 connections trickling a byte every 5 s held every slot of the first fix, and
+    no scrape got through (a second review). Now at most MAX_CONNECTIONS at once, and a
+    new connection evicts the oldest still without its request's head."""
     import socket
 
-    from producer.metrics.server import MAX_CONNECTIONS
+    from producer.metrics.bounded import MAX_CONNECTIONS
 
     farm = make_farm()
     port = free_port()
@@ -170,10 +173,10 @@ def test_idle_connections_cannot_pile_up_in_the_collector(make_farm) -> None:  #
                 return False
 
         wait_for(up, 30, 0.2, "the collector answers")
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(80)]
         time.sleep(1)
         threads = len(os.listdir(f"/proc/{collector.pid}/task"))
-        assert threads <= MAX_CONNECTIONS + 8, threads  # 200 were open: not a thread each
+        assert threads <= MAX_CONNECTIONS + 8, threads  # 80 were opened: not a thread each
         closed = 0
         for sock in idle:
             sock.settimeout(0.2)
@@ -183,8 +186,29 @@ def test_idle_connections_cannot_pile_up_in_the_collector(make_farm) -> None:  #
                 pass
             except ConnectionResetError:
                 closed += 1
-        assert closed >= 200 - MAX_CONNECTIONS, closed  # those over the bound: at once
+        assert closed >= 80 - MAX_CONNECTIONS, closed  # those over the bound: at once
         for sock in idle:
+            sock.close()
+        # more tricklers than slots, each a byte every second, while Prometheus scrapes
+        tricklers = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        scrapes = []
+        for _ in range(6):
+            for sock in tricklers:
+                with contextlib.suppress(OSError):
+                    sock.send(b"G")
+            try:
+                scrapes.append(
+                    httpx.get(
+                        f"http://127.0.0.1:{port}/metrics",
+                        headers={"Authorization": f"Bearer {TOKEN}"},
+                        timeout=5,
+                    ).status_code
+                )
+            except httpx.HTTPError as exc:
+                scrapes.append(type(exc).__name__)
+            time.sleep(1)
+        assert scrapes.count(200) >= 5, scrapes  # the tricklers held no slot against it
+        for sock in tricklers:
             sock.close()
         scraped = httpx.get(
             f"http://127.0.0.1:{port}/metrics",

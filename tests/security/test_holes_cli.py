@@ -133,3 +133,48 @@ def test_no_output_option_overwrites_the_results_or_an_input(tmp_path):
     assert report.returncode == 2 and b"RESULTS file" in report.stderr, report
     assert jobs.read_text() == '{"id": "a", "command": "true"}\n'
     assert results.read_text() == '{"id": "a", "status": "succeeded"}\n'
+
+
+def _glibc_columns(row: str) -> int:
+    """The columns glibc's wcwidth (what terminals follow) gives ``row``."""
+    import ctypes
+    import locale
+
+    libc = ctypes.CDLL(None)
+    libc.setlocale(locale.LC_ALL, b"C.UTF-8")
+    return sum(max(0, libc.wcwidth(ctypes.c_wchar(c))) for c in row)
+
+
+WIDE_SPOOFS = {  # what a second review printed `=== succeeded` rows with
+    "hangul filler": "\u3164" * 38,
+    "line separator": "A" * 72 + "\u2028",
+    "skin tones": "\U0001f3fb" * 38,
+    "spacing marks": "\u0903" * 76,
+}
+
+
+@pytest.mark.no_backend  # the real CLI in a subprocess; its own control below
+@pytest.mark.parametrize("kind", list(WIDE_SPOOFS))
+def test_characters_a_terminal_draws_wider_cannot_wrap_past_the_indent(kind, tmp_path, is_root):
+    spoof = WIDE_SPOOFS[kind] + "=== succeeded"
+    code = tmp_path / "spoof.py"
+    code.write_text(f"print({spoof!r})\nraise SystemExit(3)\n")
+    argv = [SANDFARM, "run", "--code", code.read_text()]
+    piped = subprocess.run(argv, capture_output=True, timeout=60)
+    assert spoof.encode() in piped.stdout, piped  # the control: the job printed it
+    rows = _on_a_terminal(argv, columns=80).decode().replace("\r\n", "\n").split("\n")
+    assert all(_glibc_columns(row) <= 80 for row in rows), rows  # no row wraps on screen
+    assert not any(row.startswith("===") and "succeeded" in row for row in rows), rows
+    assert "\u2028" not in "".join(rows)
+
+
+@pytest.mark.no_backend
+def test_a_message_as_wide_as_the_terminal_stays_indented(tmp_path, is_root):
+    job = tmp_path / "job.json"
+    path = "a" * 76 + "=== succeeded"
+    job.write_text(json.dumps({"steps": [{"kind": "read_file", "path": path}]}))
+    rows = _on_a_terminal([SANDFARM, "run", "--job", str(job)], columns=80)
+    rows = rows.decode().replace("\r\n", "\n").split("\n")
+    assert any("=== succeeded" in row for row in rows), rows  # the message was shown
+    assert all(_glibc_columns(row) <= 80 for row in rows), rows
+    assert not any(row.startswith("=== succeeded") for row in rows), rows

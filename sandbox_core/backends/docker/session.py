@@ -330,8 +330,9 @@ class DockerSession(Session):
         cpu_before = self.cgroup.cpu_ns()
         self.dirty = True
         launcher, self.launcher = self.launcher, None  # the first step's only
+        armed_here = launcher is None and exec_payload_bytes(argv, env) > EXEC_INLINE_BYTES
         prewarmed = self.prewarmed
-        if launcher is None and exec_payload_bytes(argv, env) > EXEC_INLINE_BYTES:
+        if armed_here:
             # dockerd keeps every exec's argv and environment for minutes after it ends
             # (its exec store is swept every 5 min, container gone or not): 128 steps of
             # 4 MiB of env held ~1 GB there, outside every bound (an attack review). So a
@@ -352,7 +353,8 @@ class DockerSession(Session):
                 tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB),
             ),
         )
-        self.prewarmed = prewarmed  # a launcher armed for this step is no prewarm
+        if armed_here:
+            self.prewarmed = prewarmed  # a launcher armed for this step is no prewarm
         self._sweep()  # now, not before the next step: leftovers run unwatched between
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count, read as the kill came where the cgroup went with the
