@@ -15,15 +15,18 @@ that passes for the farm's own. So:
 
 from __future__ import annotations
 
-import shutil
+import os
 import unicodedata
+from typing import IO
 
+from rich.cells import cell_len
 from rich.text import Text
 
 _ESCAPED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"}
 _KEPT = {"\n", "\t"}  # where text keeps its lines
 OUTPUT_PREFIX = "  | "
 MESSAGE_PREFIX = "    "
+MAX_TABBED_LINE = 4096
 
 
 def _escaped(char: str) -> str:
@@ -55,20 +58,45 @@ def one_line(text: str) -> str:
 
 
 def plain(text: str) -> Text:
-    """``text`` for rich as itself: one line, no markup read in it."""
-    return Text(one_line(text))
+    """``text`` for rich as itself: one line, no markup read in it, and no character
+    rich counts narrower than terminals draw it (rich lays it out by its own count: a
+    row of Hangul fillers, 0 columns to rich and 2 to glibc, pushed a label's words to
+    the start of a row, a review)."""
+    return Text(_rich_safe(one_line(text)))
+
+
+def _rich_safe(text: str) -> str:
+    if text.isascii():
+        return text
+    return "".join(_escaped(c) if _rich_narrower(c) else c for c in text)
+
+
+def _rich_narrower(char: str) -> bool:
+    if char.isascii() or unicodedata.category(char) in ("Mn", "Me"):
+        return False
+    drawn = 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    if 0x4DC0 <= ord(char) <= 0x4DFF:  # glibc draws the Yijing hexagrams 2 wide
+        drawn = 2
+    return cell_len(char) < drawn
 
 
 def _width(char: str) -> int:
     """At least the columns any terminal gives ``char`` (never less: a row cut too short
-    is only untidy, one cut too long wraps past its indent)."""
+    is only untidy, one cut too long wraps past its indent). Width tables differ between
+    Python's, glibc's and terminals' own (a review found U+4DC0-4DFF 1 wide in Python's,
+    2 in glibc's), so every character but ASCII and combining marks counts 2."""
     if char.isascii():
         return 1
-    if unicodedata.east_asian_width(char) in ("W", "F", "A"):
-        return 2
-    if unicodedata.category(char) in ("Mn", "Me"):
-        return 0
-    return 1 if unicodedata.category(char) != "Co" else 2
+    return 0 if unicodedata.category(char) in ("Mn", "Me") else 2
+
+
+def columns_of(stream: IO[str]) -> int:
+    """The width of the terminal ``stream`` is on (stderr's own, not stdout's: a review
+    saw stdout piped and stderr's 40-column pane cut at 80), or 80."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
 
 
 def _rows(line: str, first: int, rest: int) -> list[str]:
@@ -97,13 +125,15 @@ def terminal_rows(
     the CLI's. Off a terminal, as it is."""
     if not on_terminal:
         return text
-    width = columns or shutil.get_terminal_size().columns
+    width = columns or 80
     lead = prefix if first is None else first
     out: list[str] = []
     for line in _safe(text, keep_lines=True).splitlines(True):
         body = line.removesuffix("\n")
         end = line[len(body) :]
-        body = (lead + body).expandtabs()[len(lead) :]  # tab stops as the row has them
+        if "\t" in body:  # tab stops as the row has them; a long line's shown escaped
+            wide = len(body) > MAX_TABBED_LINE  # (expanded, 4 MiB of tabs is 32 M columns)
+            body = body.replace("\t", "\\x09") if wide else (lead + body).expandtabs()[len(lead) :]
         rows = _rows(body, max(8, width - len(lead)), max(8, width - len(prefix)))
         out.append(lead + f"\n{prefix}".join(rows) + end)
         lead = prefix
@@ -111,5 +141,6 @@ def terminal_rows(
 
 
 def terminal_safe(text: str, on_terminal: bool, columns: int | None = None) -> str:
-    """Job output: every screen row indented (``OUTPUT_PREFIX``)."""
+    """Job output: every screen row indented (``OUTPUT_PREFIX``). ``columns``: the
+    terminal's width (columns_of), 80 if not given."""
     return terminal_rows(text, on_terminal, OUTPUT_PREFIX, columns=columns)

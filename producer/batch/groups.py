@@ -53,7 +53,10 @@ class Groups:
         ks = [k for k in data["pass_at_k"]]
         table = Table(title=f"by labels.{self.label}", title_justify="left", show_edge=False)
         for name in ("group", "jobs", "passed", *ks):
-            table.add_column(name, justify="left" if name == "group" else "right")
+            if name == "group":  # a label: cut, never wrapped onto a row of its own
+                table.add_column(name, no_wrap=True, overflow="ellipsis", max_width=48)
+            else:
+                table.add_column(name, justify="right")
         for row in data["groups"][:SHOWN_GROUPS]:
             values = [f"{row[k]:.3f}" if k in row else "-" for k in ks]
             table.add_row(plain(row["group"]), str(row["jobs"]), str(row["passed"]), *values)

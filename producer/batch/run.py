@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from rich.console import Console
-from rich.markup import escape
 
 from producer.batch import ledger
 from producer.batch.groups import Groups
@@ -23,7 +22,7 @@ from producer.batch.progress import BatchProgress
 from producer.batch.results import Previous, ResultsWriter, load_previous
 from producer.batch.summary import EXPECT_LABEL, Summary
 from producer.protocol import IdConflictError, InputChangedError, JobsLostError
-from producer.terminal import one_line
+from producer.terminal import MESSAGE_PREFIX, one_line, terminal_rows
 from sandbox_core import JobResult, JobSpec, SpecError
 
 DEFAULT_CHUNK = 500
@@ -123,19 +122,20 @@ class _Run:
     def line_error(self, item: LineError) -> None:
         self.report.invalid += 1
         self.summary.invalid = self.report.invalid
-        self.err.print(
-            f"[yellow]{escape(one_line(item.file))}:{item.line}:[/] {escape(one_line(item.error))}",
-            highlight=False,
-            soft_wrap=True,
-        )
+        self._say(f"{one_line(item.file)}:{item.line}: {one_line(item.error)}")
         if (item.file, item.line) not in self.prev.errors:
             self.out.write(json.dumps(item.record()))
 
     def notice(self, message: str) -> None:
         # The bar's own console: the line goes above the live bar, which stays intact.
-        self.err.print(
-            f"sandfarm: {one_line(message)}", markup=False, highlight=False, soft_wrap=True
-        )
+        self._say(f"sandfarm: {one_line(message)}")
+
+    def _say(self, line: str) -> None:
+        """A line that may quote the input: on a terminal cut into rows here, every one
+        after the first indented (soft-wrapped by the terminal, a line of a label's
+        spaces put its words at column 0: a review)."""
+        rows = terminal_rows(line, self.err.is_terminal, MESSAGE_PREFIX, "", self.err.width)
+        self.err.print(rows, markup=False, highlight=False, soft_wrap=True)
 
     # --- pass 1: validate every line, report the bad ones, decide what still runs -----
 

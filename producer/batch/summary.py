@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from producer.batch.groups import Groups
-from producer.terminal import one_line
+from producer.terminal import plain
 
 EXPECT_LABEL = "expect"  # a label naming the status a job is expected to end with
 STATUS_STYLES = {
@@ -156,8 +156,10 @@ class Summary:
                 Text(f"expected status: {matched}/{self.expected} as labelled", style=style)
             )
             for job_id, want, got in self.mismatches[:10]:
-                line = one_line(f"  {job_id}: expected {want}, got {got}")  # a label's words
-                parts.append(Text(line, style="yellow"))
+                shown = plain(f"  {job_id}: expected {want}, got {got}")  # a label's words
+                shown.stylize("yellow")
+                shown.no_wrap, shown.overflow = True, "ellipsis"  # no row of its own
+                parts.append(shown)
             if len(self.mismatches) > 10:
                 parts.append(Text(f"  ... and {len(self.mismatches) - 10} more"))
         return Group(*parts)

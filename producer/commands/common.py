@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from producer.protocol import FarmUnavailableError, Settings, get_settings
 from producer.protocol.connection import check
-from producer.terminal import one_line
+from producer.terminal import MESSAGE_PREFIX, columns_of, one_line, terminal_rows
 
 if TYPE_CHECKING:
     from producer.jobclient import JobClient
@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """One line on stderr, then exit: bad input is 2, a farm failure 1."""
-    click.echo(f"sandfarm: error: {one_line(message)}", err=True)  # it may quote a spec
+    # it may quote a spec: one line, and on a terminal cut into rows whose every one
+    # after the first is indented (a key of spaces put `===` at column 0, a review)
+    line = f"sandfarm: error: {one_line(message)}"
+    tty = sys.stderr.isatty()
+    click.echo(terminal_rows(line, tty, MESSAGE_PREFIX, "", columns_of(sys.stderr)), err=True)
     sys.exit(code)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from producer.commands.common import fail
-from producer.terminal import MESSAGE_PREFIX, terminal_rows, terminal_safe
+from producer.terminal import MESSAGE_PREFIX, columns_of, terminal_rows, terminal_safe
 from sandbox_core import BACKEND_NAMES, JobResult, JobSpec, SpecError, get_backend, parse_spec
 from sandbox_core.errors import BackendUnavailableError
 
@@ -63,6 +63,7 @@ def print_result(result: JobResult, as_json: bool) -> None:
         click.echo(result.model_dump_json())
         return
     out_tty, err_tty = sys.stdout.isatty(), sys.stderr.isatty()
+    err_cols = columns_of(sys.stderr)
     for index, step in enumerate(result.steps):
         head = f"--- step {index} {step.kind}: {step.status.value}"
         extra = f" exit={step.exit_code}" if step.exit_code is not None else ""
@@ -70,18 +71,18 @@ def print_result(result: JobResult, as_json: bool) -> None:
         click.echo(f"{head}{extra} ({step.duration_ms:.0f} ms)", err=True)
         # color=True: piped, the job's bytes pass as written (click would strip ANSI)
         if step.stdout:
-            stdout = terminal_safe(step.stdout, out_tty)
+            stdout = terminal_safe(step.stdout, out_tty, columns_of(sys.stdout))
             click.echo(stdout, nl=not stdout.endswith("\n"), color=True)
         if step.stderr:
-            stderr = terminal_safe(step.stderr, err_tty)
+            stderr = terminal_safe(step.stderr, err_tty, columns_of(sys.stderr))
             click.echo(stderr, nl=not stderr.endswith("\n"), err=True, color=True)
         if step.message:  # it may quote the spec: a path of newlines, or 80 columns
-            shown = terminal_rows(step.message, err_tty, MESSAGE_PREFIX)
+            shown = terminal_rows(step.message, err_tty, MESSAGE_PREFIX, columns=err_cols)
             click.echo(shown if err_tty else f"{MESSAGE_PREFIX}{step.message}", err=True)
     tail = f": {result.message}" if result.message else ""
     # the status line is the CLI's: its own row at column 0, the message's rows indented
     status = f"=== {result.status.value}{tail}"
-    click.echo(terminal_rows(status, err_tty, MESSAGE_PREFIX, first=""), err=True)
+    click.echo(terminal_rows(status, err_tty, MESSAGE_PREFIX, "", err_cols), err=True)
 
 
 def limit_options(func):

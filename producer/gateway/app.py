@@ -24,6 +24,7 @@ from producer.gateway.schemas import Health
 from producer.protocol import FarmScripts, Settings, connect, get_settings
 
 DISPATCH_EVERY_S = 1.0
+MIN_BODY_RATE = 64 * 1024  # bytes a second a declared body may take, past the timeout
 THREADS = 200  # handlers run in threads; long-polls hold one each
 
 
@@ -50,9 +51,13 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         seen = 0
-        # a body trickled, or promised (Expect: 100-continue) and never sent, held its
-        # request's slot and connection with no end (a review): it has timeout_s
-        with anyio.move_on_after(self.timeout_s) as late:
+        # A body trickled, or promised (Expect: 100-continue) and never sent, held its
+        # request's slot and connection with no end (a review): it has timeout_s, and
+        # as long again as a declared length takes at MIN_BODY_RATE (a big submission on
+        # a slow link is not a trickle). Answers are sent outside the deadline's scope.
+        size = int(declared) if declared is not None and declared.isdigit() else 0
+        over = False
+        with anyio.move_on_after(self.timeout_s + size / MIN_BODY_RATE) as late:
             while True:
                 message = await receive()
                 if message["type"] != "http.request":  # the client went away
@@ -60,11 +65,14 @@ class BodyLimit:
                 chunk = message.get("body", b"")
                 seen += len(chunk)
                 if seen > self.limit:
-                    await self._refuse(scope, send)
-                    return
+                    over = True
+                    break
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     break
+        if over:
+            await self._refuse(scope, send)
+            return
         if late.cancelled_caught:
             await self._too_slow(scope, send)
             return

@@ -21,6 +21,7 @@ from typing import Any
 REQUEST_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 32
 EVICT_WAIT_S = 1.0  # for the evicted connection's thread to give its slot back
+MIN_AGE_S = 2.0  # a connection this young is not evicted: a flood must not evict a scrape
 
 
 class BoundedServer(ThreadingHTTPServer):
@@ -39,11 +40,13 @@ class BoundedServer(ThreadingHTTPServer):
             self._waiting.pop(request, None)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self._evict(oldest=True)
-            if not self._slots.acquire(timeout=EVICT_WAIT_S):
-                self.shutdown_request(request)
-                return
+        # full: evict the oldest waiting for its head, or refuse at once (waiting here
+        # stalls every accept)
+        if not self._slots.acquire(blocking=False) and (
+            not self._evict(oldest=True) or not self._slots.acquire(timeout=EVICT_WAIT_S)
+        ):
+            self.shutdown_request(request)
+            return
         with self._lock:
             self._waiting[request] = time.monotonic()
         try:
@@ -63,19 +66,21 @@ class BoundedServer(ThreadingHTTPServer):
             self._waiting.pop(request, None)
         self._slots.release()
 
-    def _evict(self, oldest: bool = False) -> None:
-        """End the oldest connection still without its head (``oldest``), or every one
-        past REQUEST_TIMEOUT_S."""
+    def _evict(self, oldest: bool = False) -> bool:
+        """End the oldest connection still without its head (``oldest``; none younger
+        than MIN_AGE_S), or every one past REQUEST_TIMEOUT_S. Whether one was ended."""
         with self._lock:
             now = time.monotonic()
             late = [r for r, since in self._waiting.items() if now - since > REQUEST_TIMEOUT_S]
-            if oldest and not late and self._waiting:
-                late = [min(self._waiting, key=self._waiting.__getitem__)]
+            if oldest and not late and self._waiting:  # never one just come (a scrape)
+                first = min(self._waiting, key=self._waiting.__getitem__)
+                late = [first] if now - self._waiting[first] > MIN_AGE_S else []
             for request in late:
                 del self._waiting[request]
         for request in late:
             with contextlib.suppress(OSError):
                 request.shutdown(socket.SHUT_RDWR)  # its thread ends, and gives its slot back
+        return bool(late)
 
     def _sweep(self) -> None:
         while True:

@@ -191,6 +191,7 @@ def test_idle_connections_cannot_pile_up_in_the_collector(make_farm) -> None:  #
             sock.close()
         # more tricklers than slots, each a byte every second, while Prometheus scrapes
         tricklers = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
+        time.sleep(2.5)  # old enough to be evicted (MIN_AGE_S): what they would hold
         scrapes = []
         for _ in range(6):
             for sock in tricklers:

@@ -150,6 +150,7 @@ WIDE_SPOOFS = {  # what a second review printed `=== succeeded` rows with
     "line separator": "A" * 72 + "\u2028",
     "skin tones": "\U0001f3fb" * 38,
     "spacing marks": "\u0903" * 76,
+    "yijing hexagrams": "\u4dc0" * 38,  # 1 column to Python's table, 2 to glibc's
 }
 
 
@@ -178,3 +179,35 @@ def test_a_message_as_wide_as_the_terminal_stays_indented(tmp_path, is_root):
     assert any("=== succeeded" in row for row in rows), rows  # the message was shown
     assert all(_glibc_columns(row) <= 80 for row in rows), rows
     assert not any(row.startswith("=== succeeded") for row in rows), rows
+
+
+@pytest.mark.no_backend  # the CLI's own error path and its stderr's own width
+def test_an_error_and_a_narrow_stderr_keep_their_rows_indented(tmp_path):
+    """A spec key of spaces put `===` at column 0 of an error's second row; and with
+    stdout piped, stderr's rows were cut to 80 columns in a 40-column pane (a review)."""
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"code": "1", "labels": {" " * 62 + "=== succeeded": "x" * 300}}))
+    rows = _lines(_on_a_terminal([SANDFARM, "run", "--job", str(job)], columns=80))
+    assert any(b"=== succeeded" in row for row in rows), rows  # the key was quoted
+    assert not any(row.startswith(b"===") for row in rows), rows
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 40, 0, 0))
+    code = "import sys\nsys.stderr.write('e' * 70 + '=== succeeded\\n')\nraise SystemExit(3)"
+    proc = subprocess.Popen([SANDFARM, "run", "--code", code], stdout=subprocess.PIPE, stderr=sub)
+    os.close(sub)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([main], [], [], 30)
+        try:
+            chunk = os.read(main, 65536) if ready else b""
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    proc.communicate(timeout=30)
+    rows = b"".join(chunks).decode().replace("\r\n", "\n").split("\n")
+    assert any("succeeded" in row for row in rows), rows
+    assert all(_glibc_columns(row) <= 40 for row in rows), rows
+    assert not any(row.startswith("===") and "succeeded" in row for row in rows), rows

@@ -338,23 +338,25 @@ class DockerSession(Session):
             # 4 MiB of env held ~1 GB there, outside every bound (an attack review). So a
             # large step goes through a launcher, which reads them over its stream.
             launcher = arm(self.api, self.id, self.uid)  # None: no python3, exec carries it
-        outcome = self._exec(
-            argv,
-            stdin=step.stdin.encode() if step.stdin is not None else None,
-            limits=self.spec.limits,
-            deadline=deadline,
-            cancel=cancel,
-            env=env,
-            launcher=launcher,
-            watch=TcpWatch(
-                self.uid,
-                self._listeners,
-                self.cgroup.tcp_bytes,
-                tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB),
-            ),
-        )
-        if armed_here:
-            self.prewarmed = prewarmed  # a launcher armed for this step is no prewarm
+        try:
+            outcome = self._exec(
+                argv,
+                stdin=step.stdin.encode() if step.stdin is not None else None,
+                limits=self.spec.limits,
+                deadline=deadline,
+                cancel=cancel,
+                env=env,
+                launcher=launcher,
+                watch=TcpWatch(
+                    self.uid,
+                    self._listeners,
+                    self.cgroup.tcp_bytes,
+                    tcp_buffers_limit(self.spec.limits.memory_mb * d.MIB),
+                ),
+            )
+        finally:
+            if armed_here:  # a launcher armed for this step is no prewarm
+                self.prewarmed = prewarmed
         self._sweep()  # now, not before the next step: leftovers run unwatched between
         outcome.memory_exceeded = self.cgroup.oom_kills() > ooms_before or self._oom_killed()
         # the kernel's count, read as the kill came where the cgroup went with the
