@@ -158,15 +158,7 @@ class GatewayClient:
     # --- results --------------------------------------------------------------------
 
     def results(self, ids: Iterable[str], batch: int = BATCH) -> dict[str, JobResult]:
-        return self._results(ids, batch)[0]
-
-    def _results(
-        self, ids: Iterable[str], batch: int = BATCH
-    ) -> tuple[dict[str, JobResult], list[str]]:
-        """The final results among ``ids``, and the ids the farm has no record of."""
-        unknown: list[str] = []
-        found = {r.id or "": r for r in self._each_result(ids, batch, unknown)}
-        return found, unknown
+        return {r.id or "": r for r in self._each_result(ids, batch)}
 
     def _each_result(
         self, ids: Iterable[str], batch: int = BATCH, unknown: list[str] | None = None

@@ -38,7 +38,7 @@ from producer.protocol.scripts import ChainStep, Claimed
 from sandbox_core import JobResult
 from worker import events
 from worker.app import settings, slot_index, stopping
-from worker.jobs import Job, client, own_record, scripts, timeout_of
+from worker.jobs import Job, client, scripts, spec_digest_of, timeout_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,7 +79,7 @@ class Chain:
         room = self.limit_s - elapsed
         want = elapsed < chain_s() and room > 0 and not stopping()
         meta = job.meta
-        record = own_record(job.spec, meta)
+        digest = spec_digest_of(job.spec)
         step = ChainStep(
             self.root,
             self.token,
@@ -90,7 +90,7 @@ class Chain:
         )
         stored, claimed = self._when_redis_has_room(
             lambda: scripts().finish_job(
-                result, meta.notify, meta.qid, meta.tenant, meta.ttl, step, record
+                result, meta.notify, meta.qid, meta.tenant, meta.ttl, step, digest
             )
         )
         if claimed is None:

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from producer.protocol import FarmScripts, JobState, MessageMeta, connect
+from producer.protocol import FarmScripts, MessageMeta, connect
 from producer.protocol.records import spec_hash
 from sandbox_core import JobResult, SpecError, Status, get_backend, parse_spec
 from sandbox_core import defaults as d
@@ -72,19 +72,17 @@ def timeout_of(spec: object) -> float:
     return min(max(value, 1.0), d.TIMEOUT_S[1])
 
 
-def own_record(spec: object, meta: MessageMeta) -> str:
-    """The state record this job's submission wrote, as far as the store checks it (its
-    spec's hash): its result is stored only under a record of the same spec, never
-    without one (lib_store.lua orphaned). '' for a spec that is no dict or no JSON (its
-    result is stored unchecked)."""
+def spec_digest_of(spec: object) -> str:
+    """The hash this job's submission wrote in its record (records.spec_hash): its
+    result is stored only under a record of the same hash, never without one
+    (lib_store.lua orphaned). '' for a spec that is no dict or no JSON (its result is
+    stored unchecked)."""
     if not isinstance(spec, dict):
         return ""
     try:
-        digest = spec_hash(spec)
+        return spec_hash(spec)
     except (TypeError, ValueError):
         return ""
-    at = meta.queued_at or datetime.now(UTC)
-    return JobState(kept=0, at=at, notify=meta.notify, spec=digest).dump()
 
 
 def final(job_id: str, status: Status, message: str, **extra: Any) -> JobResult:

@@ -67,17 +67,17 @@ class ExecuteTask(Task):  # Celery's Task is untyped (Any)
             current = scripts.chain_of(meta.qid)
             if current is None:  # the message's own job (it may be final: counted then)
                 result = jobs.final(meta.id, Status.ERROR, reason)
-                record = jobs.own_record(args[0], meta)
+                digest = jobs.spec_digest_of(args[0])
                 scripts.store_result(
-                    result, meta.notify, meta.qid, meta.tenant, ttl=meta.ttl, record=record
+                    result, meta.notify, meta.qid, meta.tenant, ttl=meta.ttl, spec_digest=digest
                 )
                 return
             # a chain's job was running (its message's own job is final)
             spec, held, _ = from_message(current[1], current[0])
             result = jobs.final(held.id, Status.ERROR, reason)
-            record = jobs.own_record(spec, held)
+            digest = jobs.spec_digest_of(spec)
             scripts.store_result(
-                result, held.notify, held.qid, held.tenant, ttl=held.ttl, record=record
+                result, held.notify, held.qid, held.tenant, ttl=held.ttl, spec_digest=digest
             )
             scripts.end_chain(meta.qid)
 

@@ -47,7 +47,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, send)
+            await self._answer(scope, send, 413)
             return
         chunks: list[bytes] = []
         seen = 0
@@ -71,10 +71,10 @@ class BodyLimit:
                 if not message.get("more_body", False):
                     break
         if over:
-            await self._refuse(scope, send)
+            await self._answer(scope, send, 413)
             return
         if late.cancelled_caught:
-            await self._too_slow(scope, send)
+            await self._answer(scope, send, 408)
             return
         whole: MutableMapping[str, Any] = {"type": "http.request", "body": b"".join(chunks)}
         handed = False
@@ -88,22 +88,16 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_slow(self, scope: Scope, send: Send) -> None:
+    async def _answer(self, scope: Scope, send: Send, status: int) -> None:
+        """413 (over the limit) or 408 (too slow), and the connection closed."""
+        if status == 413:
+            kind, title = "too-large", "Request too large"
+            detail = f"the body is over {self.limit} bytes: send fewer or smaller jobs"
+        else:
+            kind, title = "timeout", "Request timeout"
+            detail = f"the body did not come whole within {self.timeout_s:g} s"
         problem = problems.Problem(
-            type=problems.TYPES + "timeout",
-            title="Request timeout",
-            status=408,
-            detail=f"the body did not come whole within {self.timeout_s:g} s",
-        )
-        response = problems.response(problem, {"Connection": "close"})
-        await response(scope, no_body, send)
-
-    async def _refuse(self, scope: Scope, send: Send) -> None:
-        problem = problems.Problem(
-            type=problems.TYPES + "too-large",
-            title="Request too large",
-            status=413,
-            detail=f"the body is over {self.limit} bytes: send fewer or smaller jobs",
+            type=problems.TYPES + kind, title=title, status=status, detail=detail
         )
         response = problems.response(problem, {"Connection": "close"})
         await response(scope, no_body, send)

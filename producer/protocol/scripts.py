@@ -242,16 +242,16 @@ class FarmScripts:
         *,
         ttl: int | None = None,
         count_duplicate: bool = True,
-        record: str = "",
+        spec_digest: str = "",
     ) -> bool:
         """First stored result wins; returns False (counted as a duplicate) otherwise, but
         True when this same call stored it already (its answer lost, the client's retry
         sent it again). A stored result of a tenant's job counts its usage and dispatches
-        the next job. ``record``: the JobState the job that ran would have (worker.jobs
-        own_record): a result is stored only for its record's job (lib_store.lua
-        orphaned), False otherwise."""
+        the next job. ``spec_digest``: the spec hash of the job that ran (worker.jobs
+        spec_digest_of): a result is stored only under a record of that hash
+        (lib_store.lua orphaned), False otherwise; '' stores it unchecked."""
         store_keys, args = self._store_call(result, notify, qid, tenant, ttl, count_duplicate)
-        reply = self._store(keys=store_keys, args=[*args, *_store_token(), record])
+        reply = self._store(keys=store_keys, args=[*args, *_store_token(), spec_digest])
         return int(reply) in STORED
 
     def begin_attempt(
@@ -291,10 +291,10 @@ class FarmScripts:
         tenant: str | None,
         ttl: int | None,
         step: ChainStep,
-        record: str = "",
+        spec_digest: str = "",
     ) -> tuple[bool, Claimed | None]:
         """Store ``result`` (first one wins: (False, ...) for a duplicate, or for a job
-        that is not ``record``'s, as store_result) and, if ``step`` asks for one, take the
+        whose record names another spec, as store_result) and, if ``step`` asks for one, take the
         chain's next job in the same round trip."""
         store_keys, args = self._store_call(result, notify, qid, tenant, ttl, True)
         topic, events = step.events or ("", "")
@@ -313,7 +313,7 @@ class FarmScripts:
             events,
             *_store_token(),
             step.measured_at,
-            record,
+            spec_digest,
         ]
         stored, job, message, attempts, cancelled, expiry = self._finish(keys=store_keys, args=args)
         if not job:

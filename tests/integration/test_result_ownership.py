@@ -1,6 +1,6 @@
 """A stored result answers only for the code that ran (lib_store.lua orphaned): the real
 scripts against a real Redis, each result stored as a worker stores it (with the record
-its job's message names, worker.jobs.own_record).
+its job's message names, worker.jobs.spec_digest_of).
 
 Redis restarted empty while a job ran; its id was then sent again with other code. The
 old run's result, stored under the new record, answered for code that never ran; stored
@@ -22,7 +22,7 @@ from producer.protocol.submission import prepare_all
 from producer.protocol.tenants import Policy
 from sandbox_core import JobResult, JobSpec, Status
 from tests.farmkit import private_db
-from worker.jobs import own_record
+from worker.jobs import spec_digest_of
 
 
 def _farm(url: str) -> tuple[Settings, object, FarmScripts, TenantJobs]:
@@ -44,7 +44,8 @@ def _stored_by_worker(scripts: FarmScripts, spec: JobSpec, stdout: str) -> bool:
     args = kombu_loads(json.loads(prepared.submission.message)["body"])[0]
     meta = MessageMeta.model_validate(args[1])
     result = JobResult(id="x", status=Status.SUCCEEDED, message=stdout)
-    return scripts.store_result(result, None, meta.qid, "team", record=own_record(args[0], meta))
+    digest = spec_digest_of(args[0])
+    return scripts.store_result(result, None, meta.qid, "team", spec_digest=digest)
 
 
 def _orphaned(r, settings: Settings) -> int:

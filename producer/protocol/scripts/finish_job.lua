@@ -10,8 +10,8 @@
 -- (s), 32 event channel ('' for none), 33 the job's task events (published once stored),
 -- 34 this call's token (lib_store: a retried call finds its own result), 35 its ttl (s),
 -- 36 when ARGV 25 was measured (epoch s, the worker's clock): a step that arrives late (a
--- retry after a lost connection) has that much less room; 37 the record the stored job
--- would have (lib_store: a result is stored for its record's job only).
+-- retry after a lost connection) has that much less room; 37 the spec hash of the stored
+-- job (lib_store: a result is stored for its record's job only).
 -- Returns {stored (1, 0 for a duplicate, 2: this call stored it before its answer was
 -- lost, 3: not its record's job's), next qid ('' for none), its message, attempts,
 -- cancelled, dispatch expiry}.

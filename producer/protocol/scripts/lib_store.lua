@@ -93,24 +93,23 @@ local function within_budget(prefix, tenant, usage, payload, qid, status, notify
       .. cap .. ' MiB, result_mb_per_day) is stored already') .. ',"labels":' .. labels .. '}'
 end
 
--- Is this result not its record's job's? ``own``: the record the storing worker's job
--- had ('' to skip the check: a cancel, whose caller read the record). Redis restarted
--- empty while a job ran, then its id was submitted again with other code: the old run's
--- result, stored under the new record, answered for code that never ran, and stored
--- first it left no record, so the other code was admitted and given it (a reliability
--- review). So a result is stored only under a record of the spec that ran. A missing
--- record is not written back: nothing tells the tenant that submitted the job from a
--- team given its name since (a review of that rewrite: a purged tenant's late result
--- went to the newcomer and took its id); its client is told the job is lost and sends
--- it again.
+-- Is this result not its record's job's? ``own``: the spec hash of the job the storing
+-- worker ran ('' to skip the check: a cancel, whose caller read the record). Redis
+-- restarted empty while a job ran, then its id was submitted again with other code: the
+-- old run's result, stored under the new record, answered for code that never ran, and
+-- stored first it left no record, so the other code was admitted and given it (a
+-- reliability review). So a result is stored only under a record of the spec that ran.
+-- A missing record is not written back: nothing tells the tenant that submitted the job
+-- from a team given its name since (a review of that rewrite: a purged tenant's late
+-- result went to the newcomer and took its id); its client is told the job is lost and
+-- sends it again.
 local function orphaned(record, own)
   if own == '' then return false end
   local state = redis.call('GET', record)
   if not state then return true end
   local ok, s = pcall(cjson.decode, state)
   local known = ok and type(s) == 'table' and s.spec or ''
-  local mine = string.match(own, '"spec":"(%x*)"') or ''
-  return known ~= '' and mine ~= '' and known ~= mine
+  return known ~= '' and known ~= own
 end
 
 local function store(K, A, token, token_ttl, own)

@@ -1,4 +1,4 @@
-"""The record a worker holds its result to (worker.jobs.own_record) names the same spec
+"""The spec hash a worker holds its result to (worker.jobs.spec_digest_of) is the same
 hash the client's submission wrote, for the spec as the worker gets it: the message's
 JSON, decoded as kombu decodes it. A hash that differed would refuse every result of
 such a job (lib_store.lua orphaned)."""
@@ -15,7 +15,7 @@ from producer.protocol import MessageMeta
 from producer.protocol.submission import prepare_all
 from producer.protocol.tenants import Policy
 from sandbox_core import JobSpec
-from worker.jobs import own_record
+from worker.jobs import spec_digest_of
 
 SPECS = [
     {"id": "a", "code": "print('héllo ✓ 𝄞')\n", "labels": {"k": "v\u2028w"}},
@@ -28,20 +28,16 @@ SPECS = [
 
 
 @pytest.mark.parametrize("raw", SPECS, ids=[s["id"] for s in SPECS])
-def test_the_workers_record_names_the_hash_the_client_submitted(raw: dict) -> None:
+def test_the_workers_hash_is_the_one_the_client_submitted(raw: dict) -> None:
     spec = JobSpec.model_validate(raw)
     now = datetime.now(UTC)
     (prepared,) = prepare_all([spec], "team", Policy(), "client-1", "q", now, "p:")
     message = json.loads(prepared.submission.message)
     args = kombu_loads(message["body"])[0]  # as the worker's task gets them
-    meta = MessageMeta.model_validate(args[1])
-    record = json.loads(own_record(args[0], meta))
-    assert record["spec"] == prepared.submission.spec_hash
-    assert record["kept"] == 0  # nothing charged: the store counts its result whole
-    assert record["notify"] == "client-1"
+    assert MessageMeta.model_validate(args[1]).notify == "client-1"  # the message, whole
+    assert spec_digest_of(args[0]) == prepared.submission.spec_hash
 
 
 def test_a_spec_that_is_no_dict_or_no_json_is_stored_unchecked() -> None:
-    meta = MessageMeta(id="x")
-    assert own_record(None, meta) == ""
-    assert own_record({"code": "x", "when": datetime.now(UTC)}, meta) == ""  # not JSON
+    assert spec_digest_of(None) == ""
+    assert spec_digest_of({"code": "x", "when": datetime.now(UTC)}) == ""  # not JSON
