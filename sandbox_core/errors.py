@@ -16,6 +16,7 @@ and carries its data as attributes, not only as text.
         ├── SlotReservationError (RuntimeError)       no block of free slots for a worker
         ├── IdConflictError (ValueError)              a job id already names another spec
         ├── TenantError (ValueError)                  no such tenant, a bad name or policy
+        ├── TenantsFileError (ValueError)             a tenants export unreadable: path, reason
         ├── QuotaError (RuntimeError)                 over a tenant's rate, queue or budget
         ├── AuthError (PermissionError)               the gateway refused the API key
         ├── JobsLostError (LookupError)               jobs waited on that the farm forgot

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from producer.commands.common import fail, reachable_settings
-from producer.protocol import FarmScripts, TenantError, connect
+from producer.protocol import FarmScripts, TenantError, TenantsFileError, connect, tenant_backup
 from producer.protocol.tenant_store import TenantStore, text
 from producer.protocol.tenants import (
     CAPPABLE,
@@ -245,6 +246,53 @@ def key_list(name: str, redis_url: str | None) -> None:
     store, _ = _store(redis_url)
     for record in store.keys_of(name):
         click.echo(f"{record.id}  {record.shown}...  created {record.created:%Y-%m-%d %H:%M}")
+
+
+@tenant.command("export")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@redis_url_option
+def export(file: Path, redis_url: str | None) -> None:
+    """Write every tenant, its policy and its keys (their hashes, never the keys) to FILE
+    (readable by you alone; `-`: stdout), for `tenant import` after a Redis loss."""
+    store, _ = _store(redis_url)
+    backup = tenant_backup.snapshot(store)
+    text_ = backup.model_dump_json(indent=1) + "\n"
+    if str(file) == "-":
+        click.echo(text_, nl=False)
+        return
+    try:
+        tenant_backup.write_private(file, text_)
+    except OSError as exc:
+        fail(f"{file}: {exc.strerror or exc}")
+    keys = sum(len(t.keys) for t in backup.tenants)
+    click.echo(f"{len(backup.tenants)} tenants and {keys} keys written to {file}")
+
+
+@tenant.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@redis_url_option
+def import_(file: Path, redis_url: str | None) -> None:
+    """Put back the tenants of a `tenant export` the farm does not have, with their keys
+    (their users' keys work again). A tenant the farm has is left as it is."""
+    try:
+        backup = tenant_backup.read(file)
+    except TenantsFileError as exc:
+        fail(str(exc))
+    store, _ = _store(redis_url)
+    done = tenant_backup.restore(store, backup)
+    click.echo(
+        f"{len(done.restored)} tenants restored with {done.keys} keys;"
+        f" {len(done.kept)} already in the farm, left as they are"
+        + (
+            f" ({', '.join(done.kept[:10])}{', ...' if len(done.kept) > 10 else ''})"
+            if done.kept
+            else ""
+        )
+    )
+    for name, reason in done.refused.items():
+        click.echo(f"tenant {name!r} not restored: {reason}", err=True)
+    if done.refused:
+        raise SystemExit(1)
 
 
 @click.command()

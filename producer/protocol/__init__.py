@@ -21,6 +21,7 @@ from producer.protocol.errors import (
     QuotaError,
     SlotReservationError,
     TenantError,
+    TenantsFileError,
 )
 from producer.protocol.keys import KOMBU_UNACKED, Keys
 from producer.protocol.records import Heartbeat, JobState, MessageMeta, RunningRecord
@@ -47,6 +48,7 @@ __all__ = [
     "Settings",
     "SlotReservationError",
     "TenantError",
+    "TenantsFileError",
     "broker_config",
     "connect",
     "get_settings",

@@ -62,6 +62,15 @@ class TenantError(FarmError, ValueError):
         super().__init__(f"tenant {tenant!r}: {reason}")
 
 
+class TenantsFileError(FarmError, ValueError):
+    """A tenants export cannot be read or is not one: ``path``, ``reason`` (the field)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
 class QuotaError(FarmError, RuntimeError):
     """A tenant's quota refused a submission: ``reason`` ("rate", "queue_full",
     "queue_bytes", "budget": CPU or result bytes) and how long to wait before trying

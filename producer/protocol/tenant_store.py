@@ -232,6 +232,20 @@ class TenantStore:
         pipe.execute()
         return token, record
 
+    def key_owner(self, digest: str) -> str | None:
+        """The tenant a key's hash is looked up to, or None."""
+        ref = self.redis.get(self.keys.api_key(digest))
+        return None if ref is None else text(ref).partition(" ")[0]
+
+    def restore_key(self, record: ApiKey) -> bool:
+        """Put back a key from an export (its hash, never the key); False if its hash is
+        already some key's in this farm (left as it is)."""
+        lookup = self.keys.api_key(record.digest)
+        if not self.redis.set(lookup, f"{record.tenant} {record.id}", nx=True):
+            return False
+        self.redis.hset(self.keys.tenant_keys(record.tenant), record.id, record.model_dump_json())
+        return True
+
     def key_ids(self, name: str) -> list[str]:
         return sorted(text(k) for k in self.redis.hkeys(self.keys.tenant_keys(name)))
 

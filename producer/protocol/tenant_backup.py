@@ -1,0 +1,152 @@
+"""The tenants and their API keys (hashes only) as a file, and back into a farm.
+
+The farm's Redis keeps nothing on disk: restarted empty, it has forgotten every tenant
+and key, and each tenant's users get 401 until the operator makes them again, with new
+keys to hand out. An export taken before lets the operator put them back as they were:
+the same policies, the same keys (a key is found by its hash, and the file holds only
+that). The file is read as hostile: bounded, validated whole before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from producer.protocol.errors import TenantError, TenantsFileError
+from producer.protocol.tenant_store import TenantStore
+from producer.protocol.tenants import ApiKey, Policy, TenantName
+
+FORMAT = "sandfarm-tenants/1"
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_TENANTS = 100_000
+MAX_KEYS_PER_TENANT = 1_000
+
+
+class KeyRecord(BaseModel):
+    """An API key as the farm keeps it: its id, first characters and hash, never the key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]
+    created: datetime
+    shown: Annotated[str, Field(pattern=r"^sf_[A-Za-z0-9_-]{6}$")]
+    digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class TenantRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: TenantName
+    policy: Policy
+    keys: list[KeyRecord] = Field(default_factory=list, max_length=MAX_KEYS_PER_TENANT)
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> TenantRecord:
+        if len({k.id for k in self.keys}) != len(self.keys):
+            raise ValueError("keys: a key id appears twice")
+        return self
+
+
+class TenantsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["sandfarm-tenants/1"]
+    exported_at: datetime
+    tenants: list[TenantRecord] = Field(max_length=MAX_TENANTS)
+
+    @model_validator(mode="after")
+    def _unique(self) -> TenantsFile:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenants: a tenant appears twice")
+        digests = [k.digest for t in self.tenants for k in t.keys]
+        if len(set(digests)) != len(digests):
+            raise ValueError("tenants: a key (its digest) appears twice")
+        return self
+
+
+class Restored(BaseModel):
+    """What an import did, tenant by tenant."""
+
+    restored: list[str] = Field(default_factory=list)
+    keys: int = 0
+    kept: list[str] = Field(default_factory=list)  # in the farm already: left as they are
+    refused: dict[str, str] = Field(default_factory=dict)  # tenant -> why
+
+
+def snapshot(store: TenantStore) -> TenantsFile:
+    tenants = [
+        TenantRecord(
+            name=name,
+            policy=store.policy(name),
+            keys=[KeyRecord.model_validate(k.model_dump(exclude={"tenant"})) for k in keys],
+        )
+        for name in store.names()
+        for keys in [store.keys_of(name)]
+    ]
+    return TenantsFile(format=FORMAT, exported_at=datetime.now(UTC), tenants=tenants)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner alone, whole or not at all (a
+    temporary file beside it, renamed over it: a symlink there is replaced, never
+    followed)."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:  # mkstemp makes it 0600
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def read(path: Path) -> TenantsFile:
+    """The file, validated whole; TenantsFileError naming the field and the reason if not."""
+    where = str(path)
+    try:
+        with path.open("rb") as source:
+            raw = source.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise TenantsFileError(where, exc.strerror or str(exc)) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise TenantsFileError(where, f"over {MAX_FILE_BYTES // 2**20} MiB: not a tenants export")
+    try:
+        return TenantsFile.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        reason = str(err["msg"]).removeprefix("Value error, ")
+        raise TenantsFileError(where, f"{field}: {reason}" if field else reason) from None
+
+
+def restore(store: TenantStore, backup: TenantsFile) -> Restored:
+    """Put back each tenant the farm does not have, with its keys. A tenant it has is left
+    as it is (its policy and keys may have changed since the export: a key revoked since
+    must not come back). A name a removed tenant's records still hold is refused, as
+    `tenant add` refuses it; so is a key whose hash the farm already knows."""
+    done = Restored()
+    for record in backup.tenants:
+        if store.get(record.name) is not None:
+            done.kept.append(record.name)
+            continue
+        clash = [k.id for k in record.keys if store.key_owner(k.digest) is not None]
+        if clash:
+            done.refused[record.name] = f"its key {clash[0]} is another tenant's in this farm"
+            continue
+        try:
+            store.add(record.name, record.policy)
+        except TenantError as exc:
+            done.refused[record.name] = exc.reason
+            continue
+        for key in record.keys:
+            done.keys += store.restore_key(ApiKey(tenant=record.name, **key.model_dump()))
+        done.restored.append(record.name)
+    return done
