@@ -81,7 +81,7 @@ def test_pool_process_killed_mid_chained_job_runs_it_again(make_farm) -> None:  
             assert result.steps[0].stdout == "done\n"
             assert result.attempts == 2
             # the chain's message is requeued at once (task_reject_on_worker_lost)
-            assert time.monotonic() - killed_at < 10
+            assert time.monotonic() - killed_at < 30  # not after the 40 s visibility timeout
             assert (marks / "runs").read_text() == "start\nstart\n"
             assert client.result(first).status == Status.SUCCEEDED
             assert client.status()["duplicates"] == 0

@@ -52,7 +52,7 @@ def running(client, job_id: str) -> dict | None:
 
 
 def test_pool_process_killed_mid_job_runs_again_one_result(make_farm) -> None:  # noqa: F811
-    farm: Farm = make_farm(**FAST)
+    farm: Farm = make_farm(**{**FAST, "SANDFARM_VISIBILITY_TIMEOUT_S": "30"})
     worker = farm.start_worker("pk", 1)
     marks = shared_dir()
     try:
@@ -70,8 +70,8 @@ def test_pool_process_killed_mid_job_runs_again_one_result(make_farm) -> None:  
             assert result.status == Status.SUCCEEDED
             assert result.steps[0].stdout == "done\n"
             assert result.attempts == 2
-            # task_reject_on_worker_lost requeues at once: no visibility timeout wait.
-            assert time.monotonic() - killed_at < 6 + 2
+            # task_reject_on_worker_lost requeues at once: no visibility timeout (30 s) wait.
+            assert time.monotonic() - killed_at < 20
             assert (marks / "runs").read_text() == "start\nstart\n"
             assert len(list(client.redis.scan_iter(client.keys.result("*")))) == 1
             assert client.status()["duplicates"] == 0
@@ -210,9 +210,10 @@ def test_no_sandbox_process_outlives_killed_worker(make_farm, who_reaps: str) ->
             os.kill(reaper, signal.SIGKILL)
         victim.kill_all()
         killed_at = time.monotonic()
-        wait_for(lambda: not pids_of_uid(uid), interval + 4, 0.05, f"uid {uid} processes gone")
-        took = time.monotonic() - killed_at
-        assert took <= interval + 4
+        # a reaper round, and SIGKILLed processes finishing their exit on a loaded host
+        bound = interval + 9
+        wait_for(lambda: not pids_of_uid(uid), bound, 0.05, f"uid {uid} processes gone")
+        assert time.monotonic() - killed_at <= bound + 1  # the daemon (sleep 300) did not last
         if other is not None:
             other.stop()  # it may be running the redelivered job; that ends within 5 s
 

@@ -74,7 +74,7 @@ def test_a_full_redis_refusing_the_store_loses_no_result(
             assert worker.proc.poll() is None, farm.logs()
             beats = admin.hgetall(farm.settings.keys.workers)
             newest = max(float(json.loads(raw)["ts"]) for raw in beats.values())
-            assert time.time() - newest < 3, beats  # written while full
+            assert time.time() - newest < 5, beats  # written while full (stale: 3 beats + 2 s)
             admin.config_set("maxmemory", 0)  # room again
             result = collect_once(client, [job_id], 60, farm)[job_id]
             assert result.status == Status.SUCCEEDED, (result, farm.logs())

@@ -141,10 +141,10 @@ def test_no_worker_on_the_queue_is_said_within_10s(farm: str, tmp_path: Path) ->
     want = f"no worker consumes queue {lonely.settings.queue} at {farm}; still waiting"
     seen: list[str] = []
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20  # start-up, NOTICE_AFTER_S (5 s), a tick; under load
         while not any(want in line for line in seen):
             left = deadline - time.monotonic()
-            assert left > 0, f"no notice within 10 s: {seen}"
+            assert left > 0, f"no notice within 20 s: {seen}"
             try:
                 seen.append(lines.get(timeout=left))
             except queue.Empty:
@@ -241,7 +241,7 @@ def _interrupted_run(farm: str, tmp_path: Path, *flags: str) -> tuple[int, str, 
     )
     with FarmClient(farm) as client:
         wait_for(lambda: all(client.state(i) != "unknown" for i in ids), 30, 0.1, "submission")
-        time.sleep(0.5)  # the CLI is waiting for results now
+        time.sleep(2)  # the CLI is waiting for results now (the jobs run 5 s)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     return proc.returncode, err.decode(), ids

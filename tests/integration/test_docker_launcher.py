@@ -279,7 +279,7 @@ def test_stdin_the_step_never_reads_cannot_hold_the_worker_past_the_deadline(
     elapsed = time.monotonic() - started
     assert result.timings.phases.prewarmed is (limits == {})
     assert result.status.value == "timed_out", result  # the step ran, and never read it
-    assert elapsed < 3 + 5, elapsed  # the deadline, plus the kill and the result
+    assert elapsed < 3 + 20, elapsed  # the deadline, docker's kill and removal; never 60 s
 
 
 def test_a_jobs_leftovers_are_gone_before_its_slot_is_released(warm: DockerBackend) -> None:

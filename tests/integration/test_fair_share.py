@@ -55,6 +55,6 @@ def test_small_tenant_is_not_stuck_behind_a_backlog(tenant_farm) -> None:  # noq
         f" A's jobs still waiting when B was done: {a_left}"
     )
     assert a_left > 1000, "B finished long before A's backlog"
-    assert loaded <= 3 * unloaded, (loaded, unloaded)
+    assert loaded <= 5 * unloaded, (loaded, unloaded)  # ~2x seen; ~100x without fair share
     cancelled, _ = tf.remove("big-a")  # the rest of the backlog is not needed
     assert cancelled > 0 and r.llen(keys.pending("big-a")) == 0

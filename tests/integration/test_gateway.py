@@ -251,7 +251,8 @@ def test_caps_refuse_with_422_naming_the_cap(tenants: TenantFarm) -> None:
 
 
 def test_rate_limit_429_with_retry_after_and_the_accepted_all_run(tenants: TenantFarm) -> None:
-    client = api(tenants.gateways[0], tenants.tenant("rated", rate=5, burst=5))
+    # rate 1: each check below has seconds to run in, not 0.4 s, on a loaded host
+    client = api(tenants.gateways[0], tenants.tenant("rated", rate=1, burst=5))
     accepted, refused = [], []
     for i in range(12):
         reply = client.post("/v1/jobs", json={"id": f"r{i}", "code": "pass"})
@@ -270,7 +271,7 @@ def test_rate_limit_429_with_retry_after_and_the_accepted_all_run(tenants: Tenan
         problem_of(client.get(f"/v1/jobs/{job_id}"), 404)
     # a batch bigger than the burst can never pass: the problem says so (once the call's
     # own token is there: every call takes one before its ids are read)
-    time.sleep(1.2)
+    time.sleep(1.5)
     big = [{"id": f"big{i}", "code": "pass"} for i in range(6)]
     body = problem_of(client.post("/v1/jobs/batch", json={"jobs": big}), 429)
     assert "burst" in body["detail"]

@@ -131,7 +131,7 @@ def test_a_wait_with_no_worker_is_never_silent(make_farm) -> None:  # noqa: F811
     )
     try:
         line = proc.stderr.readline() if proc.stderr else ""
-        assert time.monotonic() - started < 10, line
+        assert time.monotonic() - started < 20, line  # well before the next notice (30 s)
         assert f"no worker consumes queue {farm.env['SANDFARM_QUEUE']}" in line
         assert "still waiting" in line and proc.poll() is None  # and it keeps waiting
     finally:
@@ -165,7 +165,10 @@ def test_bad_redis_urls_fail_in_seconds_in_one_line(tmp_path, url: str) -> None:
         )
         took = time.monotonic() - started
         assert out.returncode == 1, (args, out.stderr)
-        assert took < 3, (args, took)
+        assert took < 15, (
+            args,
+            took,
+        )  # the retrying client took ~75 s; start-up under load, seconds
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in out.stderr, (args, out.stderr)
         assert url in lines[0], (args, lines)

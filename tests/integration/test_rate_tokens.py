@@ -36,7 +36,7 @@ def test_a_batch_over_the_burst_gets_through_at_the_rate(redis_url: str) -> None
             ids = client.submit_many([{"id": f"j{i}", "command": "true"} for i in range(12)])
             took = time.monotonic() - start
         assert len(ids) == 12 and jobs.known(ids) == set(ids)
-        assert took < 2 * 12 / 4, took  # 4 at once, 8 more at 4 a second: ~2 s
+        assert took < 12, took  # 4 at once, 8 more at 4 a second: ~2 s (the bug: none in 25 s)
 
 
 def test_a_call_of_the_whole_burst_passes_on_a_full_bucket(redis_url: str) -> None:

@@ -67,9 +67,9 @@ def test_a_pattern_over_its_bound_is_refused_naming_it():
 
 @pytest.mark.no_backend
 def test_matching_stops_once_its_time_is_up():
-    matcher = Matcher(["*.txt"], budget_s=0.05)
+    matcher = Matcher(["*.txt"], budget_s=1.0)
     assert matcher.matches("a/b.txt") and not matcher.matches("a/b.py")
-    time.sleep(0.06)
+    time.sleep(1.05)
     with pytest.raises(OutOfTime):
         matcher.matches("c.txt")
 

@@ -90,7 +90,7 @@ os.chmod('.', 0o777)
 open('planted.txt', 'w').write('{secret}')
 os.chmod('planted.txt', 0o666)
 print('PLANTED', os.getcwd(), os.ttyname(sub), flush=True)
-time.sleep(4)
+time.sleep(10)
 """
 
 PROBE = """
@@ -135,5 +135,7 @@ def test_other_jobs_workspaces_and_ptys_are_invisible(run, backend, is_root):
     assert str(work.parents[1]) not in out  # not even the other job's path
     assert "PTS ['ptmx']" in out  # its own pty instance: the other job's pty is not there
     assert "PLANTED" in planted["result"].steps[0].stdout  # the plant job ran to its end
+    # ... and the probe looked while the plant was there
+    assert probe.timings.finished_at < planted["result"].timings.finished_at
     prewarm.settle()  # torn down after its result, off the job's critical path
     assert os.path.exists(work) is False  # and its workspace is gone with it

@@ -238,13 +238,14 @@ while True:
     if fd < 0:
         break
     fds.append(fd)
-print('held', len(fds), 'errno', ctypes.get_errno(), 'uid', os.getuid(), flush=True)
-time.sleep(3)
+print('held', len(fds), 'errno', ctypes.get_errno(), 'uid', os.getuid(), 'at', time.time(),
+      flush=True)
+time.sleep(10)
 """
 INOTIFY_PROBE = """
-import ctypes, os
+import ctypes, os, time
 fd = ctypes.CDLL(None, use_errno=True).inotify_init()
-print('probe', fd >= 0, ctypes.get_errno(), 'uid', os.getuid())
+print('probe', fd >= 0, ctypes.get_errno(), 'uid', os.getuid(), 'at', time.time())
 """
 
 
@@ -262,13 +263,15 @@ def test_concurrent_jobs_share_no_uid_or_per_uid_limit(run, is_root):
     thread.start()
     time.sleep(1.5)  # the hog holds its 128 instances (the kernel's default per uid)
     probe = run(code=INOTIFY_PROBE)
-    thread.join(20)
+    thread.join(30)
     hog_out = hog["r"].steps[0].stdout.split()
     probe_out = probe.steps[0].stdout.split()
     # The hog reached the per-uid limit itself (EMFILE at exactly max_user_instances).
     assert hog_out[:4] == ["held", str(per_uid), "errno", str(errno.EMFILE)], hog["r"]
     assert probe_out[:2] == ["probe", "True"], probe  # the other job was not starved
-    hog_uid, probe_uid = int(hog_out[-1]), int(probe_out[-1])
+    held_at, probed_at = float(hog_out[7]), float(probe_out[6])
+    assert held_at < probed_at < held_at + 10, (held_at, probed_at)  # while the hog held
+    hog_uid, probe_uid = int(hog_out[5]), int(probe_out[4])
     assert hog_uid != probe_uid
     for uid in (hog_uid, probe_uid):  # and neither uid is anybody's on the host
         with pytest.raises(KeyError):
