@@ -13,8 +13,14 @@ the head of its queue, as kombu's own restore does, and removed from the unacked
 the same step, so no other restore sends it twice. Only in a round whose sweeps (the
 slots, the worker's containers) all succeeded: a docker job's container outlives its
 pool process until it is reaped. A message the worker held but had not begun names no
-one: it waits for the visibility timeout, as before. A whole host lost (the reaper with
-it) also waits.
+one: it waits for the visibility timeout, as before.
+
+A whole host lost (its reaper with it) gives nothing back itself: any other worker's
+reaper does, once the lost worker's heartbeat is older than ``worker_lost_s`` (60 s by
+default, never less than its staleness), for the runs its records name whatever their
+pid (another host's pids cannot be checked), then forgets its heartbeat. A worker only
+cut off from Redis that long runs those jobs as well: at least once, the second result
+counted as a duplicate, as kombu's own restore would after the visibility timeout.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ import os
 import redis
 from kombu.utils.json import dumps, loads
 
-from producer.protocol import KOMBU_UNACKED, Settings
-from producer.protocol.records import RunningRecord
+from producer.protocol import KOMBU_UNACKED, Heartbeat, Settings, margins
+from producer.protocol.records import RunningRecord, redis_clock
 
 # kombu's default ``unacked_index_key``: the delivery time of each unacked tag
 KOMBU_UNACKED_INDEX = "unacked_index"
@@ -42,6 +48,12 @@ redis.call('RPUSH', KEYS[3], ARGV[3])
 return 1
 """
 
+# Forget a lost worker's heartbeat only as read (it may have come back since).
+_FORGET = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -54,13 +66,19 @@ def _alive(pid: int) -> bool:
 
 
 def _held_by_dead(
-    client: redis.Redis, settings: Settings, qid: str, worker: str, delivered: float
+    client: redis.Redis,
+    settings: Settings,
+    qid: str,
+    worker: str,
+    delivered: float,
+    check_pid: bool,
 ) -> bool:
     """Is ``qid``'s message (or its chain's current job) run by ``worker``, in a pool
-    process that is gone, and was it delivered (at ``delivered``, kombu's unacked_index
-    score) before that run began? A message requeued when the job's pool process died
-    and delivered to another worker since still names the dead one until it begins
-    there: given back then, it would run twice (a review)."""
+    process that is gone (when ``check_pid``: on this host), and was it delivered (at
+    ``delivered``, kombu's unacked_index score) before that run began? A message
+    requeued when the job's pool process died and delivered to another worker since
+    still names the dead one until it begins there: given back then, it would run twice
+    (a review)."""
     keys = settings.keys
     current = client.hget(keys.chain(qid), "q")
     for job in {qid, current.decode() if isinstance(current, bytes) else qid}:
@@ -74,13 +92,14 @@ def _held_by_dead(
         began = record.at
         if began is None or delivered > began + DELIVERY_SKEW_S:
             continue
-        if record.worker == worker and not _alive(record.pid):
+        if record.worker == worker and not (check_pid and _alive(record.pid)):
             return True
     return False
 
 
-def give_back(client: redis.Redis, settings: Settings, worker: str) -> int:
-    """Put the messages dead ``worker`` held back in its queue; returns how many."""
+def give_back(client: redis.Redis, settings: Settings, worker: str, check_pid: bool = True) -> int:
+    """Put the messages dead ``worker`` held back in its queue; returns how many.
+    ``check_pid``: the worker was on this host (its runs' pool processes are looked at)."""
     given = 0
     for tag, entry in client.hscan_iter(KOMBU_UNACKED, count=1000):
         try:
@@ -91,10 +110,35 @@ def give_back(client: redis.Redis, settings: Settings, worker: str) -> int:
         if routing_key != settings.queue or not isinstance(qid, str):
             continue
         delivered = client.zscore(KOMBU_UNACKED_INDEX, tag)
-        if delivered is None or not _held_by_dead(client, settings, qid, worker, delivered):
+        if delivered is None or not _held_by_dead(
+            client, settings, qid, worker, delivered, check_pid
+        ):
             continue
         message["headers"]["redelivered"] = True
         with_flag = dumps(message)
         keys = [KOMBU_UNACKED, KOMBU_UNACKED_INDEX, settings.queue]
         given += int(client.eval(_GIVE_BACK, len(keys), *keys, tag, entry, with_flag))
     return given
+
+
+def give_back_lost(client: redis.Redis, settings: Settings) -> dict[str, int]:
+    """Give back the begun jobs of each worker whose heartbeat is older than
+    ``worker_lost_s`` (its host lost with its reaper), then forget it: lost worker ->
+    how many. Any live worker's reaper runs it; each message goes back once."""
+    lost: dict[str, int] = {}
+    beats = client.hgetall(settings.keys.workers)
+    if not beats:
+        return lost
+    now = redis_clock(client)  # heartbeats are stamped with Redis's clock
+    for raw_name, raw in beats.items():
+        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        try:
+            beat = Heartbeat.model_validate_json(raw)
+        except ValueError:
+            continue
+        after = max(settings.worker_lost_s, margins.heartbeat_stale_after(beat.interval_s))
+        if now - beat.ts <= after:
+            continue
+        lost[name] = give_back(client, settings, name, check_pid=False)
+        client.eval(_FORGET, 1, settings.keys.workers, name, raw)
+    return lost

@@ -36,7 +36,7 @@ from sandbox_core.backends.docker.containers import WorkerAlive
 from sandbox_core.errors import SlotBusyError
 from sandbox_core.slots import slot_of_uid, slot_uid
 from sandbox_core.sweep import process_uids
-from worker.giveback import give_back
+from worker.giveback import give_back, give_back_lost
 
 
 def processes_by_slot() -> dict[int, list[int]]:
@@ -229,6 +229,8 @@ def _loop(
                 return
             time.sleep(min(interval, 0.5))
             continue
+        if client is not None:
+            _give_back_lost(client, settings)
         time.sleep(interval)
 
 
@@ -241,6 +243,21 @@ def _give_back(client: redis.Redis, settings: Settings, name: str) -> None:
         return
     if given:
         print(f"sandfarm reaper: {name} died; {given} of its jobs sent again", flush=True)
+
+
+def _give_back_lost(client: redis.Redis, settings: Settings) -> None:
+    """Other workers' begun jobs, whose hosts were lost with their reapers, go back to the
+    queue once their heartbeats are ``worker_lost_s`` old (worker/giveback.py)."""
+    try:
+        lost = give_back_lost(client, settings)
+    except redis.RedisError:
+        return  # the next round tries again; kombu's restore remains
+    for name, given in lost.items():
+        print(
+            f"sandfarm reaper: {name} lost (no heartbeat for {settings.worker_lost_s:g} s);"
+            f" {given} of its jobs sent again",
+            flush=True,
+        )
 
 
 def _beat_while_alive(

@@ -69,6 +69,13 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(
         5.0, gt=0, description="how often a worker sweeps slots that dead workers left"
     )
+    worker_lost_s: float = Field(
+        60.0,
+        ge=1,
+        description="seconds without a heartbeat after which other workers send a worker's"
+        " begun jobs again (its host lost with its reaper; never before its heartbeat is"
+        " stale); one only cut off from Redis that long runs them too (a duplicate)",
+    )
     cancel_poll_s: float = Field(0.25, gt=0, description="how often a running job checks cancel")
     restore_interval_s: float = Field(
         0.0,

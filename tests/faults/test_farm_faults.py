@@ -237,6 +237,63 @@ def test_a_killed_reaper_is_started_again_and_its_worker_stays_online(make_farm)
     assert result is not None and result.steps[0].stdout == "still-here\n", result
 
 
+def test_a_lost_hosts_jobs_run_again_once_its_heartbeat_is_old(make_farm) -> None:  # noqa: F811
+    """A host lost with its reaper (power, network, kernel) gave nothing back: its begun
+    jobs waited for the visibility timeout, an hour by default. Another worker's reaper
+    gives them back once the lost one's heartbeat is ``worker_lost_s`` old, not before."""
+    lost_s = 8
+    farm: Farm = make_farm(
+        SANDFARM_VISIBILITY_TIMEOUT_S="600",
+        SANDFARM_REAPER_INTERVAL_S="1",
+        SANDFARM_WORKER_LOST_S=str(lost_s),
+    )
+    victim = farm.start_worker("lost", 1)
+    with farm.client() as client:
+        job_id = client.submit({"command": "sleep 2; echo done"})
+        info = wait_for(lambda: running(client, job_id), 20, what="job running")
+        assert info["worker"] == victim.name
+        heir = farm.start_worker("heir", 1)
+        reaper = victim.reaper_pid()
+        assert reaper is not None
+        os.kill(reaper, signal.SIGKILL)  # the host is gone: its reaper with it
+        victim.kill_all()
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: not any(alive(p) for p in (victim.pid, info["pid"], reaper)),
+            10,
+            what="the lost worker's processes gone",
+        )
+        # nobody gave its job back: its heartbeat and its message are still there
+        assert client.redis.hexists(client.keys.workers, victim.name)
+        assert client.result(job_id) is None
+        result = client.result(job_id, timeout=60)  # not 600 s
+        took = time.monotonic() - killed_at
+        assert result is not None, farm.logs()
+        assert result.status == Status.SUCCEEDED and result.steps[0].stdout == "done\n"
+        assert (result.attempts, result.worker) == (2, heir.name)
+        assert lost_s - 2 <= took < 40, took  # once its heartbeat was old, not before
+        assert client.status()["duplicates"] == 0
+        assert not client.redis.hexists(client.keys.workers, victim.name)  # forgotten
+        assert f"{victim.name} lost" in heir.log.read_text()
+
+
+def test_a_live_workers_long_job_is_never_taken_for_a_lost_ones(make_farm) -> None:  # noqa: F811
+    """The other side: a job running longer than ``worker_lost_s`` on a worker that beats
+    is left to it (its heartbeat is fresh), run once."""
+    farm: Farm = make_farm(SANDFARM_REAPER_INTERVAL_S="1", SANDFARM_WORKER_LOST_S="1")
+    worker = farm.start_worker("busy", 1)
+    farm.start_worker("idle", 1)
+    with farm.client() as client:
+        job_id = client.submit({"command": "sleep 9; echo done"})
+        info = wait_for(lambda: running(client, job_id), 20, what="job running")
+        assert info["worker"] == worker.name
+        result = client.result(job_id, timeout=60)
+        assert result is not None and result.status == Status.SUCCEEDED, farm.logs()
+        assert (result.attempts, result.worker) == (1, worker.name)
+        assert client.status()["duplicates"] == 0
+        assert " lost (no heartbeat" not in farm.logs()
+
+
 def test_a_killed_workers_jobs_run_again_before_its_visibility_timeout(make_farm) -> None:  # noqa: F811
     """A worker SIGKILLed (main process and pool) left its running jobs' messages unacked
     until the visibility timeout, an hour by default, before anything ran them again (a

@@ -11,10 +11,11 @@ import uuid
 
 from kombu.utils.json import dumps
 
-from producer.protocol import RunningRecord, Settings, connect
+from producer.protocol import Heartbeat, RunningRecord, Settings, connect
+from producer.protocol.records import redis_clock
 from producer.protocol.scripts import FarmScripts
 from tests.farmkit import private_db
-from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, give_back
+from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, give_back, give_back_lost
 
 
 def _unacked(r, settings: Settings, qid: str, tag: str, delivered: float) -> None:
@@ -50,3 +51,39 @@ def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: s
             RunningRecord(worker="w1@host", pid=os.getpid(), slot=0, at=began).dump(),
         )
         assert give_back(r, settings, "w1@host") == 0
+
+
+def test_a_lost_workers_runs_go_back_once_its_heartbeat_is_old_and_it_is_forgotten(
+    redis_url: str,
+) -> None:
+    """Its host lost with its reaper, a worker gives nothing back itself: any live
+    reaper does (give_back_lost), once its heartbeat is worker_lost_s old, whatever its
+    runs' pids (another host's: one alive here proves nothing of it)."""
+    with private_db(redis_url) as url:
+        tag = uuid.uuid4().hex[:6]
+        settings = Settings(
+            redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:", worker_lost_s=30
+        )
+        r, scripts = connect(url), FarmScripts(connect(url), settings)
+        now = redis_clock(r)
+        for worker, qid, tag_ in (("far@other", "far-job", "t1"), ("near@here", "near-job", "t2")):
+            running = RunningRecord(worker=worker, pid=os.getpid(), slot=0)  # pid alive here
+            assert scripts.begin_attempt(qid, running, 30, uuid.uuid4().hex) is not None
+            _unacked(r, settings, qid, tag_, now - 0.5)
+
+        def beat(worker: str, age: float) -> None:
+            record = Heartbeat(
+                pid=1, host="h", slots=(0, 1), uids=(None, None), concurrency=1, ts=now - age
+            )
+            r.hset(settings.keys.workers, worker, record.dump())
+
+        beat("far@other", 20)  # stale (5 s interval: 17 s), but not yet lost
+        beat("near@here", 1)
+        assert give_back_lost(r, settings) == {}
+        assert r.llen(settings.queue) == 0 and r.hlen(settings.keys.workers) == 2
+        beat("far@other", 31)
+        assert give_back_lost(r, settings) == {"far@other": 1}
+        assert r.llen(settings.queue) == 1 and not r.hexists(KOMBU_UNACKED, "t1")
+        assert r.hexists(KOMBU_UNACKED, "t2")  # the live worker's run stays its own
+        assert r.hkeys(settings.keys.workers) == [b"near@here"]  # the lost one forgotten
+        assert give_back_lost(r, settings) == {}  # once
