@@ -16,8 +16,9 @@ pool process until it is reaped. A message the worker held but had not begun nam
 one: it waits for the visibility timeout, as before.
 
 A whole host lost (its reaper with it) gives nothing back itself: any other worker's
-reaper does, once the lost worker's heartbeat is older than ``worker_lost_s`` (60 s by
-default, never less than its staleness), for the runs its records name whatever their
+reaper of its queue does, once the lost worker's heartbeat has not moved for
+``worker_lost_s`` (60 s by default, never less than its staleness) by Redis's clock and by
+that reaper's own rounds (LostWatch), for the runs its records name whatever their
 pid (another host's pids cannot be checked), then forgets its heartbeat. A worker only
 cut off from Redis that long runs those jobs as well: at least once, the second result
 counted as a duplicate, as kombu's own restore would after the visibility timeout.
@@ -26,6 +27,9 @@ counted as a duplicate, as kombu's own restore would after the visibility timeou
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import redis
 from kombu.utils.json import dumps, loads
@@ -38,6 +42,8 @@ KOMBU_UNACKED_INDEX = "unacked_index"
 # The delivering host's clock (kombu's score) against Redis's (the run's start): a
 # message delivered more than this after its run began is another delivery's.
 DELIVERY_SKEW_S = 1.0
+# A lost worker's beat stays the same through at least this many of a reaper's rounds.
+LOST_ROUNDS = 3
 
 # Put back only the entry read (a worker's ack or kombu's restore may have taken it since).
 _GIVE_BACK = """
@@ -121,24 +127,49 @@ def give_back(client: redis.Redis, settings: Settings, worker: str, check_pid: b
     return given
 
 
-def give_back_lost(client: redis.Redis, settings: Settings) -> dict[str, int]:
-    """Give back the begun jobs of each worker whose heartbeat is older than
-    ``worker_lost_s`` (its host lost with its reaper), then forget it: lost worker ->
-    how many. Any live worker's reaper runs it; each message goes back once."""
+@dataclass
+class LostWatch:
+    """What this reaper saw of the other workers' heartbeats. A worker is lost only once
+    its beat stayed the same through ``LOST_ROUNDS`` of this reaper's own rounds spanning
+    ``worker_lost_s`` by this reaper's clock, as well as by Redis's: by Redis's clock
+    alone, a reaper whose read waited out a Redis stall found every worker, itself
+    included, lost, and their live jobs ran twice (a review). Cleared on a Redis error."""
+
+    clock: Callable[[], float] = time.monotonic
+    seen: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # ts, since, rounds
+
+
+def give_back_lost(
+    client: redis.Redis, settings: Settings, own: str, watch: LostWatch
+) -> dict[str, int]:
+    """Give back the begun jobs of each other worker of this queue whose heartbeat has
+    not moved for ``worker_lost_s`` (its host lost with its reaper), then forget it:
+    lost worker -> how many. Any live worker's reaper runs it; each message goes back
+    once."""
     lost: dict[str, int] = {}
     beats = client.hgetall(settings.keys.workers)
-    if not beats:
-        return lost
-    now = redis_clock(client)  # heartbeats are stamped with Redis's clock
+    now, mono = redis_clock(client), watch.clock()  # heartbeats carry Redis's clock
+    present = set()
     for raw_name, raw in beats.items():
         name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
         try:
             beat = Heartbeat.model_validate_json(raw)
         except ValueError:
             continue
+        if name == own or settings.queue not in beat.queues:
+            continue  # another queue's worker holds none of this queue's messages
+        present.add(name)
+        ts, since, rounds = watch.seen.get(name, (None, mono, 0))
+        if ts != beat.ts:
+            watch.seen[name] = (beat.ts, mono, 1)
+            continue
+        watch.seen[name] = (ts, since, rounds + 1)
         after = max(settings.worker_lost_s, margins.heartbeat_stale_after(beat.interval_s))
-        if now - beat.ts <= after:
+        if rounds + 1 < LOST_ROUNDS or mono - since < after or now - beat.ts <= after:
             continue
         lost[name] = give_back(client, settings, name, check_pid=False)
         client.eval(_FORGET, 1, settings.keys.workers, name, raw)
+        del watch.seen[name]
+    for name in set(watch.seen) - present:
+        del watch.seen[name]
     return lost

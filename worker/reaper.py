@@ -36,7 +36,7 @@ from sandbox_core.backends.docker.containers import WorkerAlive
 from sandbox_core.errors import SlotBusyError
 from sandbox_core.slots import slot_of_uid, slot_uid
 from sandbox_core.sweep import process_uids
-from worker.giveback import give_back, give_back_lost
+from worker.giveback import LostWatch, give_back, give_back_lost
 
 
 def processes_by_slot() -> dict[int, list[int]]:
@@ -198,6 +198,7 @@ def _loop(
 ) -> None:
     orphaned_at: float | None = None
     orphaned = threading.Event()
+    watch = LostWatch()
     if client is not None:  # a worker is online as soon as it starts
         threading.Thread(
             target=_beat_while_alive,
@@ -229,8 +230,8 @@ def _loop(
                 return
             time.sleep(min(interval, 0.5))
             continue
-        if client is not None:
-            _give_back_lost(client, settings)
+        if client is not None and swept:
+            _give_back_lost(client, settings, name, watch)
         time.sleep(interval)
 
 
@@ -245,13 +246,14 @@ def _give_back(client: redis.Redis, settings: Settings, name: str) -> None:
         print(f"sandfarm reaper: {name} died; {given} of its jobs sent again", flush=True)
 
 
-def _give_back_lost(client: redis.Redis, settings: Settings) -> None:
+def _give_back_lost(client: redis.Redis, settings: Settings, own: str, watch: LostWatch) -> None:
     """Other workers' begun jobs, whose hosts were lost with their reapers, go back to the
-    queue once their heartbeats are ``worker_lost_s`` old (worker/giveback.py)."""
+    queue once their heartbeats have not moved for ``worker_lost_s`` (worker/giveback.py)."""
     try:
-        lost = give_back_lost(client, settings)
+        lost = give_back_lost(client, settings, own, watch)
     except redis.RedisError:
-        return  # the next round tries again; kombu's restore remains
+        watch.seen.clear()  # what it saw before an outage says nothing of after it
+        return
     for name, given in lost.items():
         print(
             f"sandfarm reaper: {name} lost (no heartbeat for {settings.worker_lost_s:g} s);"

@@ -10,14 +10,15 @@ that). The file is read as hostile: bounded, validated whole before anything is 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from producer.protocol.errors import TenantError, TenantsFileError
+from producer.protocol.errors import TenantsFileError
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import ApiKey, Policy, TenantName
 
@@ -33,7 +34,7 @@ class KeyRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: Annotated[str, Field(pattern=r"^[0-9a-f]{8}$")]
-    created: datetime
+    created: AwareDatetime  # a naive one broke the sort of every listing of the tenant's keys
     shown: Annotated[str, Field(pattern=r"^sf_[A-Za-z0-9_-]{6}$")]
     digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
@@ -56,7 +57,7 @@ class TenantsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["sandfarm-tenants/1"]
-    exported_at: datetime
+    exported_at: AwareDatetime
     tenants: list[TenantRecord] = Field(max_length=MAX_TENANTS)
 
     @model_validator(mode="after")
@@ -80,15 +81,15 @@ class Restored(BaseModel):
 
 
 def snapshot(store: TenantStore) -> TenantsFile:
-    tenants = [
-        TenantRecord(
-            name=name,
-            policy=store.policy(name),
-            keys=[KeyRecord.model_validate(k.model_dump(exclude={"tenant"})) for k in keys],
-        )
-        for name in store.names()
-        for keys in [store.keys_of(name)]
-    ]
+    tenants = []
+    for name in store.names():
+        policy = store.get(name)
+        if policy is None:  # removed meanwhile
+            continue
+        keys = [
+            KeyRecord.model_validate(k.model_dump(exclude={"tenant"})) for k in store.keys_of(name)
+        ]
+        tenants.append(TenantRecord(name=name, policy=policy, keys=keys))
     return TenantsFile(format=FORMAT, exported_at=datetime.now(UTC), tenants=tenants)
 
 
@@ -106,13 +107,22 @@ def write_private(path: Path, text: str) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)  # the rename too survives a crash
+    finally:
+        os.close(directory)
 
 
 def read(path: Path) -> TenantsFile:
-    """The file, validated whole; TenantsFileError naming the field and the reason if not."""
+    """The file, validated whole; TenantsFileError naming the field and the reason if not.
+    Only a regular file of the importing user that no one else may write is read: its
+    key hashes become working keys (an edited export let a review in as any tenant)."""
     where = str(path)
     try:
-        with path.open("rb") as source:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO never blocks
+        with os.fdopen(fd, "rb") as source:
+            _check_owned(where, os.fstat(fd))  # what is read is what was checked
             raw = source.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise TenantsFileError(where, exc.strerror or str(exc)) from None
@@ -127,26 +137,41 @@ def read(path: Path) -> TenantsFile:
         raise TenantsFileError(where, f"{field}: {reason}" if field else reason) from None
 
 
+def _check_owned(where: str, info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise TenantsFileError(where, "not a regular file")
+    if info.st_uid != os.geteuid():
+        raise TenantsFileError(
+            where,
+            f"owned by uid {info.st_uid}, not by you (uid {os.geteuid()}): its keys would"
+            " let in whoever wrote it; check it, then chown it",
+        )
+    if info.st_mode & 0o022:
+        raise TenantsFileError(
+            where,
+            f"writable by others (mode {stat.S_IMODE(info.st_mode):04o}): its keys would let"
+            " in whoever wrote it; check it, then chmod go-w",
+        )
+
+
 def restore(store: TenantStore, backup: TenantsFile) -> Restored:
-    """Put back each tenant the farm does not have, with its keys. A tenant it has is left
-    as it is (its policy and keys may have changed since the export: a key revoked since
-    must not come back). A name a removed tenant's records still hold is refused, as
-    `tenant add` refuses it; so is a key whose hash the farm already knows."""
+    """Put back each tenant the farm does not have, with its keys, each in one step. A
+    tenant it has is left as it is (its policy and keys may have changed since the
+    export: a key revoked since must not come back). A name a removed tenant's records
+    still hold is refused, as `tenant add` refuses it; so is a key whose hash the farm
+    already knows."""
     done = Restored()
     for record in backup.tenants:
-        if store.get(record.name) is not None:
+        keys = [ApiKey(tenant=record.name, **key.model_dump()) for key in record.keys]
+        outcome = store.restore(record.name, record.policy, keys)
+        if outcome == "restored":
+            done.restored.append(record.name)
+            done.keys += len(keys)
+        elif outcome == "kept":
             done.kept.append(record.name)
-            continue
-        clash = [k.id for k in record.keys if store.key_owner(k.digest) is not None]
-        if clash:
-            done.refused[record.name] = f"its key {clash[0]} is another tenant's in this farm"
-            continue
-        try:
-            store.add(record.name, record.policy)
-        except TenantError as exc:
-            done.refused[record.name] = exc.reason
-            continue
-        for key in record.keys:
-            done.keys += store.restore_key(ApiKey(tenant=record.name, **key.model_dump()))
-        done.restored.append(record.name)
+        elif outcome == "held":
+            done.refused[record.name] = store.held_error(record.name).reason
+        else:
+            key_id = outcome.split()[1]
+            done.refused[record.name] = f"its key {key_id} is another tenant's in this farm"
     return done

@@ -32,6 +32,25 @@ def _glob_escaped(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
+# A tenant from an export, whole or not at all (an import cut off between its policy and
+# its keys left it keyless, and the next import kept it so: a review).
+_RESTORE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'kept' end
+if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then return 'held' end
+for i = 6, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return 'clash ' .. (i - 5) end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[2])
+for i = 6, #KEYS do
+  local at = 3 + (i - 6) * 3
+  redis.call('SET', KEYS[i], ARGV[at + 1])
+  redis.call('HSET', KEYS[5], ARGV[at], ARGV[at + 2])
+end
+return 'restored'
+"""
+
+
 class TenantStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis = client
@@ -45,17 +64,38 @@ class TenantStore:
         held = self.redis.exists(self.keys.joblist(name), self.keys.removed(name))
         if held and not self.get(name):
             # a new team must not read a removed one's results under the old ids
-            left = max(0, int(self.redis.ttl(self.keys.removed(name))))
-            raise TenantError(
-                name,
-                "a removed tenant's job records still hold this name until they expire"
-                + (f" (in {left} s at the latest)" if left else "")
-                + f": choose another, or delete them (sandfarm tenant remove {name} --purge;"
-                " jobs it still has running hold the name until they end)",
-            )
+            raise self.held_error(name)
         if not self.redis.set(self.keys.tenant(name), policy.model_dump_json(), nx=True):
             raise TenantError(name, "already exists (tenant set changes it)")
         self.redis.sadd(self.keys.tenants, name)
+
+    def held_error(self, name: str) -> TenantError:
+        """Why a removed tenant's name cannot be given to a new one yet."""
+        left = max(0, int(self.redis.ttl(self.keys.removed(name))))
+        return TenantError(
+            name,
+            "a removed tenant's job records still hold this name until they expire"
+            + (f" (in {left} s at the latest)" if left else "")
+            + f": choose another, or delete them (sandfarm tenant remove {name} --purge;"
+            " jobs it still has running hold the name until they end)",
+        )
+
+    def restore(self, name: str, policy: Policy, keys: list[ApiKey]) -> str:
+        """Make tenant ``name`` with its policy and keys (from an export) in one step, or
+        nothing: "restored", "kept" (it exists), "held" (a removed tenant's records hold
+        the name) or "clash <key id>" (a key's hash is already some key's here)."""
+        if not TENANT_RE.fullmatch(name):
+            raise TenantError(name, "a tenant name is 1-32 of [a-z0-9-], starting alphanumeric")
+        k = self.keys
+        names = [k.tenant(name), k.tenants, k.joblist(name), k.removed(name), k.tenant_keys(name)]
+        names += [k.api_key(key.digest) for key in keys]
+        args = [policy.model_dump_json(), name]
+        for key in keys:
+            args += [key.id, f"{name} {key.id}", key.model_dump_json()]
+        reply = text(self.redis.eval(_RESTORE, len(names), *names, *args))
+        if reply.startswith("clash "):
+            return "clash " + keys[int(reply.split()[1]) - 1].id
+        return reply
 
     def ensure(self, name: str, policy: Policy | None = None) -> Policy:
         """The tenant's policy, made (default policy) if it does not exist yet."""
@@ -231,20 +271,6 @@ class TenantStore:
         pipe.set(self.keys.api_key(record.digest), f"{name} {record.id}")
         pipe.execute()
         return token, record
-
-    def key_owner(self, digest: str) -> str | None:
-        """The tenant a key's hash is looked up to, or None."""
-        ref = self.redis.get(self.keys.api_key(digest))
-        return None if ref is None else text(ref).partition(" ")[0]
-
-    def restore_key(self, record: ApiKey) -> bool:
-        """Put back a key from an export (its hash, never the key); False if its hash is
-        already some key's in this farm (left as it is)."""
-        lookup = self.keys.api_key(record.digest)
-        if not self.redis.set(lookup, f"{record.tenant} {record.id}", nx=True):
-            return False
-        self.redis.hset(self.keys.tenant_keys(record.tenant), record.id, record.model_dump_json())
-        return True
 
     def key_ids(self, name: str) -> list[str]:
         return sorted(text(k) for k in self.redis.hkeys(self.keys.tenant_keys(name)))

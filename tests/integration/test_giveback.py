@@ -15,7 +15,13 @@ from producer.protocol import Heartbeat, RunningRecord, Settings, connect
 from producer.protocol.records import redis_clock
 from producer.protocol.scripts import FarmScripts
 from tests.farmkit import private_db
-from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, give_back, give_back_lost
+from worker.giveback import (
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
+    LostWatch,
+    give_back,
+    give_back_lost,
+)
 
 
 def _unacked(r, settings: Settings, qid: str, tag: str, delivered: float) -> None:
@@ -53,11 +59,12 @@ def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: s
         assert give_back(r, settings, "w1@host") == 0
 
 
-def test_a_lost_workers_runs_go_back_once_its_heartbeat_is_old_and_it_is_forgotten(
+def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_forgotten(
     redis_url: str,
 ) -> None:
     """Its host lost with its reaper, a worker gives nothing back itself: any live
-    reaper does (give_back_lost), once its heartbeat is worker_lost_s old, whatever its
+    reaper of its queue does (give_back_lost), once its heartbeat has not moved for
+    worker_lost_s by Redis's clock and through the reaper's own rounds, whatever its
     runs' pids (another host's: one alive here proves nothing of it)."""
     with private_db(redis_url) as url:
         tag = uuid.uuid4().hex[:6]
@@ -66,24 +73,47 @@ def test_a_lost_workers_runs_go_back_once_its_heartbeat_is_old_and_it_is_forgott
         )
         r, scripts = connect(url), FarmScripts(connect(url), settings)
         now = redis_clock(r)
-        for worker, qid, tag_ in (("far@other", "far-job", "t1"), ("near@here", "near-job", "t2")):
+        jobs = (("far@other", "far-job", "t1"), ("near@here", "near-job", "t2"))
+        for worker, qid, tag_ in jobs:
             running = RunningRecord(worker=worker, pid=os.getpid(), slot=0)  # pid alive here
             assert scripts.begin_attempt(qid, running, 30, uuid.uuid4().hex) is not None
             _unacked(r, settings, qid, tag_, now - 0.5)
 
-        def beat(worker: str, age: float) -> None:
+        def beat(worker: str, age: float, queue: str = settings.queue) -> None:
             record = Heartbeat(
-                pid=1, host="h", slots=(0, 1), uids=(None, None), concurrency=1, ts=now - age
+                pid=1,
+                host="h",
+                slots=(0, 1),
+                uids=(None, None),
+                concurrency=1,
+                queues=(queue,),
+                ts=now - age,
             )
             r.hset(settings.keys.workers, worker, record.dump())
 
-        beat("far@other", 20)  # stale (5 s interval: 17 s), but not yet lost
+        clock = [0.0]
+        watch = LostWatch(clock=lambda: clock[0])
+
+        def round_at(t: float, own: str = "judge@here") -> dict[str, int]:
+            clock[0] = t
+            return give_back_lost(r, settings, own, watch)
+
+        beat("far@other", 31)  # older than worker_lost_s by Redis's clock ...
         beat("near@here", 1)
-        assert give_back_lost(r, settings) == {}
+        # ... but this reaper has not seen it stand still that long: a reaper whose read
+        # waited out a Redis stall saw every beat that old (a review)
+        assert round_at(0) == {} and round_at(1) == {} and round_at(29) == {}
+        beat("far@other", 31.5)  # it moved: watched afresh
+        assert round_at(35) == {} and round_at(40) == {} and round_at(64) == {}
         assert r.llen(settings.queue) == 0 and r.hlen(settings.keys.workers) == 2
-        beat("far@other", 31)
-        assert give_back_lost(r, settings) == {"far@other": 1}
+        assert round_at(70, own="far@other") == {}  # never itself
+        beat("far@other", 31.5, queue="other")  # another queue's worker: not judged here
+        assert round_at(71) == {}
+        beat("far@other", 31.5)
+        for t in (72, 80, 101):
+            assert round_at(t) == {}
+        assert round_at(103) == {"far@other": 1}  # three rounds, 30 s still
         assert r.llen(settings.queue) == 1 and not r.hexists(KOMBU_UNACKED, "t1")
         assert r.hexists(KOMBU_UNACKED, "t2")  # the live worker's run stays its own
         assert r.hkeys(settings.keys.workers) == [b"near@here"]  # the lost one forgotten
-        assert give_back_lost(r, settings) == {}  # once
+        assert round_at(200) == {}  # once

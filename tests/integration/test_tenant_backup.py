@@ -137,6 +137,10 @@ def test_import_refuses_a_name_or_a_key_the_farm_holds_for_someone_else(tmp_path
         (lambda d: d.update(extra=1), "extra: Extra inputs are not permitted"),
         (lambda d: d["tenants"][0].update(name="../x"), "tenants.0.name: String should match"),
         (lambda d: d["tenants"][0]["keys"][0].update(digest="*"), "keys.0.digest: String"),
+        (
+            lambda d: d["tenants"][0]["keys"][0].update(created="2020-01-01T00:00:00"),
+            "keys.0.created: Input should have timezone info",
+        ),
         (lambda d: d["tenants"][0]["policy"].update(weight=-1), "policy.weight: Input should"),
         (
             lambda d: d["tenants"][0]["policy"].update(caps={"memory_mb": 10**9}),
@@ -174,10 +178,71 @@ def test_import_refuses_what_is_not_an_export(tmp_path: Path, redis_url: str) ->
     huge = tmp_path / "huge.json"
     with huge.open("wb") as out:
         out.truncate(64 * 1024 * 1024 + 1)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # a read of it never ended (a review)
     for path, named in [
         (huge, "over 64 MiB"),
         (tmp_path / "missing.json", "No such file"),
         (Path("/etc/passwd"), "Invalid JSON"),
+        (fifo, "not a regular file"),
+        (tmp_path, "is a directory"),
     ]:
         out = sandfarm(farm, "tenant", "import", str(path))
         assert out.returncode == 2 and named in out.stderr, out
+
+
+def test_import_reads_only_an_export_no_one_else_could_have_written(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """An export's key hashes become working keys: an edited one let a review in as any
+    tenant. So import reads only a file of its own user that no one else may write."""
+    from tests.farmkit import private_db
+
+    with private_db(redis_url) as url:
+        farm = Farm(url, tmp_path)
+        store = TenantStore(connect(url), farm.settings.keys)
+        backup = tmp_path / "tenants.json"
+        _export(store, backup, "team-a")
+        store.remove("team-a", FarmScripts(store.redis, farm.settings), purge=True)
+        backup.chmod(0o666)
+        out = sandfarm(farm, "tenant", "import", str(backup))
+        assert out.returncode == 2 and "writable by others (mode 0666)" in out.stderr, out
+        backup.chmod(0o600)
+        os.chown(backup, 65534, 65534)
+        out = sandfarm(farm, "tenant", "import", str(backup))
+        assert out.returncode == 2 and "owned by uid 65534, not by you" in out.stderr, out
+        assert store.names() == []
+        os.chown(backup, os.geteuid(), os.getegid())
+        out = sandfarm(farm, "tenant", "import", str(backup))
+        assert out.returncode == 0 and store.names() == ["team-a"], out  # the file was good
+
+
+def test_a_tenant_is_restored_whole_or_not_at_all(redis_url: str) -> None:
+    """An import cut off between a tenant's policy and its keys left it keyless, and the
+    next import kept it so (a review): each tenant is one step now. Its second key's hash
+    already some key's here: nothing of it is written, its first key included."""
+    from producer.protocol import Settings
+    from producer.protocol.tenants import ApiKey
+    from tests.farmkit import private_db
+
+    with private_db(redis_url) as url:
+        settings = Settings(redis_url=url, key_prefix="whole:")
+        r = connect(url)
+        store = TenantStore(r, settings.keys)
+        store.add("owner", Policy())
+        _, taken = store.create_key("owner")
+        first = ApiKey(
+            id="0000aaaa",
+            tenant="team-a",
+            created=taken.created,
+            shown="sf_abcdef",
+            digest="1" * 64,
+        )
+        second = taken.model_copy(update={"tenant": "team-a", "id": "0000bbbb"})
+        assert store.restore("team-a", Policy(weight=2), [first, second]) == "clash 0000bbbb"
+        assert store.get("team-a") is None and store.names() == ["owner"]
+        assert not r.exists(settings.keys.api_key("1" * 64), settings.keys.tenant_keys("team-a"))
+        assert store.restore("team-a", Policy(weight=2), [first]) == "restored"
+        assert store.policy("team-a").weight == 2 and store.key_ids("team-a") == ["0000aaaa"]
+        assert r.get(settings.keys.api_key("1" * 64)) == b"team-a 0000aaaa"
+        assert store.restore("team-a", Policy(), []) == "kept"
