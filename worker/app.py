@@ -25,6 +25,7 @@ from producer.protocol import (
 )
 from sandbox_core import defaults as d
 from worker import kombu_fixes, reservation
+from worker.instance import INSTANCE  # made here, before the pool forks: one a worker
 
 settings: Settings = get_settings()
 kombu_fixes.apply()
@@ -116,6 +117,8 @@ def _on_worker_init(sender: object = None, **_: object) -> None:
         str(_reservation.size),
         "--interval",
         str(settings.reaper_interval_s),
+        "--instance",
+        INSTANCE,
     ]
     _reaper = _start_reaper()
     threading.Thread(target=_keep_reaper, name="sandfarm-reaper-watch", daemon=True).start()

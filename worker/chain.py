@@ -38,6 +38,7 @@ from producer.protocol.scripts import ChainStep, Claimed
 from sandbox_core import JobResult
 from worker import events
 from worker.app import settings, slot_index, stopping
+from worker.instance import INSTANCE
 from worker.jobs import Job, client, scripts, spec_digest_of, timeout_of
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ class Chain:
         hard_soft = request.timelimit or (None, None)
         soft = hard_soft[1] or margins.WORKER_SOFT_LIMIT_S
         self.limit_s = min(float(soft), settings.visibility_timeout) - margins.CHAIN_SLACK_S
-        self.running = RunningRecord(worker=self.hostname, pid=os.getpid(), slot=slot_index())
+        self.running = RunningRecord(
+            worker=self.hostname, pid=os.getpid(), slot=slot_index(), instance=INSTANCE
+        )
         self._channel: str | None = None
 
     def begin(self, spec: Any, raw_meta: MessageMeta) -> Job | None:

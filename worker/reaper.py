@@ -36,7 +36,8 @@ from sandbox_core.backends.docker.containers import WorkerAlive
 from sandbox_core.errors import SlotBusyError
 from sandbox_core.slots import slot_of_uid, slot_uid
 from sandbox_core.sweep import process_uids
-from worker.giveback import LostWatch, give_back, give_back_lost
+from worker.giveback import dead_here, give_back
+from worker.lostworkers import LostWatch, others_round
 
 
 def processes_by_slot() -> dict[int, list[int]]:
@@ -137,15 +138,19 @@ return 1
 """
 
 
-def beat(client: redis.Redis, key: str, name: str, info: Heartbeat, ttl: int) -> None:
+def beat(client: redis.Redis, key: str, name: str, info: Heartbeat, ttl: int) -> bytes | None:
+    """Write the heartbeat; the one it replaced (None when Redis is full)."""
     record = info.model_copy(update={"ts": redis_clock(client)}).dump()
     pipe = client.pipeline(transaction=False)
+    pipe.hget(key, name)
     pipe.hset(key, name, record)
     pipe.expire(key, ttl)
     try:
-        pipe.execute()
+        replaced: bytes | None = pipe.execute()[0]
     except redis.exceptions.OutOfMemoryError:
         client.eval(_BEAT_WHEN_FULL, 1, key, name, record, ttl)
+        return None
+    return replaced
 
 
 def _parent_alive(pid: int) -> bool:
@@ -160,9 +165,11 @@ def run(
     interval: float,
     beats: bool,
     reserved: int | None = None,
+    instance: str = "",
 ) -> None:
     """``size``: the worker's slots for jobs (its concurrency); ``reserved``: its block of
-    slots (its pool processes' spares too), which the sweeps and the heartbeat cover."""
+    slots (its pool processes' spares too), which the sweeps and the heartbeat cover;
+    ``instance``: the worker's (worker/instance.py)."""
     reserved = reserved or size
     settings = get_settings()
     # Impatient: a missing broker must never stall the sweeps; the beat is retried next tick.
@@ -176,6 +183,7 @@ def run(
         queues=(settings.queue,),
         backends=settings.served_backends,
         interval_s=interval,
+        instance=instance,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -202,7 +210,7 @@ def _loop(
     if client is not None:  # a worker is online as soon as it starts
         threading.Thread(
             target=_beat_while_alive,
-            args=(parent, name, interval, settings, client, info, orphaned),
+            args=(parent, name, interval, settings, client, info, orphaned, watch),
             name="sandfarm-beats",
             daemon=True,
         ).start()
@@ -231,35 +239,20 @@ def _loop(
             time.sleep(min(interval, 0.5))
             continue
         if client is not None and swept:
-            _give_back_lost(client, settings, name, watch)
+            for line in others_round(client, settings, name, info.instance, watch):
+                print(f"sandfarm reaper: {line}", flush=True)
         time.sleep(interval)
 
 
 def _give_back(client: redis.Redis, settings: Settings, name: str) -> None:
     """The dead worker's begun jobs go back to its queue now (worker/giveback.py)."""
     try:
-        given = give_back(client, settings, name)
+        given = give_back(client, settings, dead_here(name))
     except redis.RedisError as exc:  # kombu's restore sends them after the visibility timeout
         print(f"sandfarm reaper: could not give back {name}'s jobs: {exc!r}", flush=True)
         return
     if given:
         print(f"sandfarm reaper: {name} died; {given} of its jobs sent again", flush=True)
-
-
-def _give_back_lost(client: redis.Redis, settings: Settings, own: str, watch: LostWatch) -> None:
-    """Other workers' begun jobs, whose hosts were lost with their reapers, go back to the
-    queue once their heartbeats have not moved for ``worker_lost_s`` (worker/giveback.py)."""
-    try:
-        lost = give_back_lost(client, settings, own, watch)
-    except redis.RedisError:
-        watch.seen.clear()  # what it saw before an outage says nothing of after it
-        return
-    for name, given in lost.items():
-        print(
-            f"sandfarm reaper: {name} lost (no heartbeat for {settings.worker_lost_s:g} s);"
-            f" {given} of its jobs sent again",
-            flush=True,
-        )
 
 
 def _beat_while_alive(
@@ -270,14 +263,24 @@ def _beat_while_alive(
     client: redis.Redis,
     info: Heartbeat,
     orphaned: threading.Event,
+    watch: LostWatch,
 ) -> None:
     """The heartbeat, every ``interval``, on a thread of its own: on the sweeps' loop, a
     sweep waiting up to a minute for a slow exit outlasted the 17 s after which a worker
     counts as gone (a review)."""
+    first = True
     while not orphaned.is_set() and _parent_alive(parent):
         # Redis away: the broker reconnect logs it; keep beating.
         with contextlib.suppress(Exception):
-            beat(client, settings.keys.workers, name, info, margins.heartbeat_ttl(interval))
+            ttl = margins.heartbeat_ttl(interval)
+            replaced = beat(client, settings.keys.workers, name, info, ttl)
+            if not first and watch.saw_twin(replaced, info.instance):
+                print(
+                    f"sandfarm reaper: another live worker is named {name}: neither gives"
+                    " back what the other's earlier instances left",
+                    flush=True,
+                )
+            first = False
             # Every worker dispatches now and then: no one process's death stops it (a
             # finished job dispatches the next one itself; this catches the rest).
             FarmScripts(client, settings).dispatch()
@@ -293,6 +296,7 @@ def main() -> None:
     parser.add_argument("--reserved", type=int, default=None)
     parser.add_argument("--interval", type=float, required=True)
     parser.add_argument("--no-beats", action="store_true")
+    parser.add_argument("--instance", default="")
     args = parser.parse_args()
     run(
         args.parent,
@@ -302,6 +306,7 @@ def main() -> None:
         args.interval,
         not args.no_beats,
         args.reserved,
+        args.instance,
     )
 
 

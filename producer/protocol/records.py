@@ -58,6 +58,7 @@ class RunningRecord(_Record):
     pid: int
     slot: int
     at: float | None = None  # when it began, by Redis's clock (lib_begin.lua stamps it)
+    instance: str | None = None  # of its worker (worker/instance.py)
 
 
 def redis_clock(client: redis.Redis) -> float:
@@ -80,6 +81,7 @@ class Heartbeat(_Record):
     backends: tuple[str, ...] = ()  # what it serves (the first: its default)
     interval_s: float = 5.0  # how often it beats: staleness is judged by its own pace
     ts: float = 0.0  # epoch seconds of the beat
+    instance: str = ""  # this start of the worker (worker/instance.py)
 
 
 def spec_hash(compact: dict[str, Any]) -> str:

@@ -277,6 +277,39 @@ def test_a_lost_hosts_jobs_run_again_once_its_heartbeat_is_old(make_farm) -> Non
         assert f"{victim.name} lost" in heir.log.read_text()
 
 
+def test_a_rebooted_hosts_worker_gives_back_what_it_began_before(make_farm) -> None:  # noqa: F811
+    """A host rebooted: its worker comes back under the same name within worker_lost_s,
+    and its fresh heartbeat hid the jobs its earlier instance had begun; they waited for
+    the visibility timeout. The new instance gives them back itself."""
+    farm: Farm = make_farm(
+        SANDFARM_VISIBILITY_TIMEOUT_S="600",
+        SANDFARM_REAPER_INTERVAL_S="1",
+        SANDFARM_WORKER_LOST_S="600",  # the lost-host rule cannot be what sends it again
+    )
+    before = farm.start_worker("host-a", 1)
+    with farm.client() as client:
+        job_id = client.submit({"command": "sleep 2; echo done"})
+        info = wait_for(lambda: running(client, job_id), 20, what="job running")
+        assert info["worker"] == before.name
+        reaper = before.reaper_pid()
+        assert reaper is not None
+        os.kill(reaper, signal.SIGKILL)  # the host goes down: everything on it
+        before.kill_all()
+        wait_for(
+            lambda: not any(alive(p) for p in (before.pid, info["pid"], reaper)),
+            10,
+            what="the old instance gone",
+        )
+        after = farm.start_worker("host-a", 1)  # the host is back, its worker too
+        assert after.name == before.name
+        result = client.result(job_id, timeout=60)  # not 600 s
+        assert result is not None, farm.logs()
+        assert result.status == Status.SUCCEEDED and result.steps[0].stdout == "done\n"
+        assert (result.attempts, result.worker) == (2, after.name)
+        assert client.status()["duplicates"] == 0
+        assert "jobs its earlier instance began sent again" in after.log.read_text()
+
+
 def test_a_live_workers_long_job_is_never_taken_for_a_lost_ones(make_farm) -> None:  # noqa: F811
     """The other side: a job running longer than ``worker_lost_s`` on a worker that beats
     is left to it (its heartbeat is fresh), run once."""

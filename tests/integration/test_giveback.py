@@ -15,13 +15,8 @@ from producer.protocol import Heartbeat, RunningRecord, Settings, connect
 from producer.protocol.records import redis_clock
 from producer.protocol.scripts import FarmScripts
 from tests.farmkit import private_db
-from worker.giveback import (
-    KOMBU_UNACKED,
-    KOMBU_UNACKED_INDEX,
-    LostWatch,
-    give_back,
-    give_back_lost,
-)
+from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, dead_here, give_back
+from worker.lostworkers import LostWatch, give_back_lost, give_back_predecessors
 
 
 def _unacked(r, settings: Settings, qid: str, tag: str, delivered: float) -> None:
@@ -46,17 +41,17 @@ def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: s
         # its pool process died and it was delivered again, to a live worker that has
         # not begun it: still named by w1's record, but not w1's to give back
         _unacked(r, settings, "sent-on", "t2", began + 30)
-        assert give_back(r, settings, "w1@host") == 1
+        assert give_back(r, settings, dead_here("w1@host")) == 1
         assert r.lrange(settings.queue, 0, -1) and not r.hexists(KOMBU_UNACKED, "t1")
         assert r.hexists(KOMBU_UNACKED, "t2")  # left with its holder
         # a live pool process's run, or another worker's, is never given back
         _unacked(r, settings, "ran-here", "t3", began - 0.01)
-        assert give_back(r, settings, "w2@host") == 0
+        assert give_back(r, settings, dead_here("w2@host")) == 0
         r.set(
             settings.keys.running("ran-here"),
             RunningRecord(worker="w1@host", pid=os.getpid(), slot=0, at=began).dump(),
         )
-        assert give_back(r, settings, "w1@host") == 0
+        assert give_back(r, settings, dead_here("w1@host")) == 0
 
 
 def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_forgotten(
@@ -117,3 +112,65 @@ def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_fo
         assert r.hexists(KOMBU_UNACKED, "t2")  # the live worker's run stays its own
         assert r.hkeys(settings.keys.workers) == [b"near@here"]  # the lost one forgotten
         assert round_at(200) == {}  # once
+
+
+def test_a_workers_new_instance_gives_back_what_its_predecessor_began_once_sure(
+    redis_url: str,
+) -> None:
+    """A rebooted host's worker comes back under the same name, often within
+    worker_lost_s: its fresh heartbeat hid its predecessor's runs, which waited for the
+    visibility timeout. Once its own beat has stood as its instance's for a beat's
+    staleness (a live twin of the name would have written its own), it gives them back,
+    once; its own runs, and runs of no instance, stay."""
+    with private_db(redis_url) as url:
+        tag = uuid.uuid4().hex[:6]
+        settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:")
+        r, scripts = connect(url), FarmScripts(connect(url), settings)
+        now = redis_clock(r)
+        runs = (("old", "t1", "by-old"), ("new", "t2", "by-new"), (None, "t3", "by-none"))
+        for instance, tag_, qid in runs:
+            running = RunningRecord(worker="w@h", pid=os.getpid(), slot=0, instance=instance)
+            assert scripts.begin_attempt(qid, running, 30, uuid.uuid4().hex) is not None
+            _unacked(r, settings, qid, tag_, now - 0.5)
+
+        def beat(instance: str) -> None:
+            record = Heartbeat(
+                pid=1,
+                host="h",
+                slots=(0, 1),
+                uids=(None, None),
+                concurrency=1,
+                queues=(settings.queue,),
+                ts=now,
+                interval_s=5,
+                instance=instance,
+            )
+            r.hset(settings.keys.workers, "w@h", record.dump())
+
+        clock = [0.0]
+        watch = LostWatch(clock=lambda: clock[0])
+
+        def round_at(t: float) -> int | None:
+            clock[0] = t
+            return give_back_predecessors(r, settings, "w@h", "new", watch)
+
+        beat("old")  # the predecessor's beat still stands: not yet
+        assert round_at(0) is None and round_at(5) is None
+        beat("new")
+        assert round_at(6) is None and round_at(11) is None and round_at(16) is None
+        beat("other")  # a twin wrote its own meanwhile: watched afresh
+        assert round_at(20) is None
+        beat("new")
+        assert round_at(21) is None and round_at(26) is None and round_at(31) is None
+        assert r.llen(settings.queue) == 0
+        assert round_at(38) == 1  # three rounds over 17 s (5 s beats: their staleness)
+        assert not r.hexists(KOMBU_UNACKED, "t1")
+        assert r.hexists(KOMBU_UNACKED, "t2") and r.hexists(KOMBU_UNACKED, "t3")
+        assert round_at(60) is None  # once
+
+        twin = LostWatch()  # a live twin beats between two of ours: never
+        old = Heartbeat(pid=1, host="h", slots=(0, 1), uids=(None, None), concurrency=1)
+        assert not twin.saw_twin(None, "new")
+        assert not twin.saw_twin(old.model_copy(update={"instance": "new"}).dump().encode(), "new")
+        assert twin.saw_twin(old.model_copy(update={"instance": "x"}).dump().encode(), "new")
+        assert give_back_predecessors(r, settings, "w@h", "new", twin) is None

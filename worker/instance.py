@@ -1,0 +1,10 @@
+"""This worker's instance id: its heartbeat and its runs' records carry it, so a worker
+started again under the same name (a rebooted host) tells its predecessor's runs from its
+own (worker/lostworkers.py). Made once in the main process, which imports it before its
+pool processes fork (worker/app.py), so they share it."""
+
+from __future__ import annotations
+
+import secrets
+
+INSTANCE = secrets.token_hex(6)
