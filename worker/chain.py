@@ -38,7 +38,7 @@ from producer.protocol.scripts import ChainStep, Claimed
 from sandbox_core import JobResult
 from worker import events
 from worker.app import settings, slot_index, stopping
-from worker.instance import INSTANCE
+from worker.instance import INSTANCE, process_identity
 from worker.jobs import Job, client, scripts, spec_digest_of, timeout_of
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,11 @@ class Chain:
         soft = hard_soft[1] or margins.WORKER_SOFT_LIMIT_S
         self.limit_s = min(float(soft), settings.visibility_timeout) - margins.CHAIN_SLACK_S
         self.running = RunningRecord(
-            worker=self.hostname, pid=os.getpid(), slot=slot_index(), instance=INSTANCE
+            worker=self.hostname,
+            pid=os.getpid(),
+            slot=slot_index(),
+            instance=INSTANCE,
+            process=process_identity(os.getpid()),
         )
         self._channel: str | None = None
 

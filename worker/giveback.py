@@ -47,7 +47,7 @@ return 1
 """
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -62,7 +62,7 @@ RunTest = Callable[[RunningRecord], bool]
 
 def dead_here(worker: str) -> RunTest:
     """A run of ``worker``, on this host, whose pool process is gone."""
-    return lambda record: record.worker == worker and not _alive(record.pid)
+    return lambda record: record.worker == worker and not pid_alive(record.pid)
 
 
 def _held_by_dead(

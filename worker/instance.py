@@ -5,6 +5,15 @@ pool processes fork (worker/app.py), so they share it."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 
+from sandbox_core.procid import identity
+
 INSTANCE = secrets.token_hex(6)
+
+
+@functools.cache
+def process_identity(pid: int) -> str:
+    """A pool process's identity, read once (its start time never changes)."""
+    return identity(pid)

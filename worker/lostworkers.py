@@ -10,11 +10,14 @@ its heartbeat. A worker only cut off from Redis that long runs those jobs as wel
 least once, the second result counted as a duplicate, as after kombu's restore.
 
 A host that reboots brings its worker back under the same name, often within that
-minute, and its fresh heartbeat hid the old one's runs. Each worker process has an
+minute, and its fresh heartbeat hid the old one's runs. Each worker start has an
 instance id (worker/instance.py), in its heartbeat and its runs' records: once a
-worker's own heartbeat has stood as its own for a heartbeat's staleness (another live
-worker of the same name would have written its own meanwhile), its reaper gives back
-the runs its name's earlier instances left, once.
+worker's own heartbeat has stood as its own for ``worker_lost_s`` (and for the
+staleness of any other beat of its name it replaced: another live worker of the name
+would have written its own meanwhile), its reaper gives back the runs its name's
+earlier instances left whose process is gone (another boot, another pid namespace, or
+no process with that pid and start time: the old main process SIGKILLed, its pool
+child may still be finishing its job, a review), once.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from producer.protocol import Heartbeat, Settings, margins
+from producer.protocol import Heartbeat, RunningRecord, Settings, margins
 from producer.protocol.records import redis_clock
-from worker.giveback import RunTest, give_back
+from sandbox_core.procid import is_gone
+from worker.giveback import give_back, pid_alive
 
 # A lost worker's beat stays the same through at least this many of a reaper's rounds.
 LOST_ROUNDS = 3
@@ -53,27 +57,30 @@ class LostWatch:
     own_rounds: int = 0
     predecessors_done: bool = False
     twin: bool = False  # another live worker has this name (set by the beat thread)
+    others_stale_s: float = 0.0  # the staleness of other instances' beats it replaced
 
     def clear(self) -> None:
         self.seen.clear()
         self.own_since, self.own_rounds = None, 0
 
-    def saw_twin(self, replaced: bytes | None, instance: str) -> bool:
-        """Did the beat just written replace another instance's, which only a live worker
-        of the same name writes between two of ours? True the first time."""
-        if replaced is None or self.twin:
+    def saw_twin(self, replaced: bytes | None, instance: str, first: bool) -> bool:
+        """Did the beat just written replace another instance's? After its first beat
+        only a live worker of the same name writes one between two of ours: True then,
+        the first time."""
+        if replaced is None:
             return False
         try:
-            other = Heartbeat.model_validate_json(replaced).instance
+            other = Heartbeat.model_validate_json(replaced)
         except ValueError:
             return False
-        self.twin = other != instance
-        return self.twin
-
-
-def run_of(worker: str) -> RunTest:
-    """A run of ``worker``, wherever (another host's pids cannot be checked)."""
-    return lambda record: record.worker == worker
+        if other.instance == instance:
+            return False
+        stale = margins.heartbeat_stale_after(other.interval_s)
+        self.others_stale_s = max(self.others_stale_s, stale)
+        if first or self.twin:
+            return False
+        self.twin = True
+        return True
 
 
 def _beats(client: redis.Redis, settings: Settings) -> dict[str, tuple[bytes | str, Heartbeat]]:
@@ -90,15 +97,16 @@ def _beats(client: redis.Redis, settings: Settings) -> dict[str, tuple[bytes | s
     return found
 
 
-def give_back_lost(
-    client: redis.Redis, settings: Settings, own: str, watch: LostWatch
-) -> dict[str, int]:
-    """Give back the begun jobs of each other worker of this queue whose heartbeat has
-    not moved for ``worker_lost_s``, then forget it: lost worker -> how many."""
-    lost: dict[str, int] = {}
-    beats = _beats(client, settings)
-    now, mono = redis_clock(client), watch.clock()  # heartbeats carry Redis's clock
-    for name, (raw, beat) in beats.items():
+Beats = dict[str, tuple[bytes | str, Heartbeat]]
+
+
+def lost_workers(
+    beats: Beats, settings: Settings, own: str, watch: LostWatch, now: float
+) -> list[str]:
+    """The other workers whose heartbeat has not moved for ``worker_lost_s``."""
+    lost = []
+    mono = watch.clock()
+    for name, (_raw, beat) in beats.items():
         if name == own:
             continue
         ts, since, rounds = watch.seen.get(name, (None, mono, 0))
@@ -107,59 +115,72 @@ def give_back_lost(
             continue
         watch.seen[name] = (ts, since, rounds + 1)
         after = max(settings.worker_lost_s, margins.heartbeat_stale_after(beat.interval_s))
-        if rounds + 1 < LOST_ROUNDS or mono - since < after or now - beat.ts <= after:
-            continue
-        lost[name] = give_back(client, settings, run_of(name))
-        client.eval(_FORGET, 1, settings.keys.workers, name, raw)
-        del watch.seen[name]
+        if rounds + 1 >= LOST_ROUNDS and mono - since >= after and now - beat.ts > after:
+            lost.append(name)
     for name in set(watch.seen) - set(beats):
         del watch.seen[name]
     return lost
 
 
-def give_back_predecessors(
-    client: redis.Redis, settings: Settings, own: str, instance: str, watch: LostWatch
-) -> int | None:
-    """Once this worker's heartbeat has stood as its own instance's through
-    ``LOST_ROUNDS`` rounds spanning its staleness, give back the runs earlier instances
-    of its name left (a host rebooted): how many, None until then (and after)."""
+def predecessors_due(
+    beats: Beats, settings: Settings, own: str, instance: str, watch: LostWatch
+) -> bool:
+    """Has this worker's own beat stood as its instance's long enough to give back what
+    earlier instances of its name left (once)?"""
     if watch.predecessors_done or watch.twin or not instance:
-        return None
-    found = _beats(client, settings).get(own)
+        return False
+    found = beats.get(own)
     mono = watch.clock()
     if found is None or found[1].instance != instance:
         watch.own_since, watch.own_rounds = None, 0  # another of its name beats: wait
-        return None
+        return False
     if watch.own_since is None:
         watch.own_since = mono
     watch.own_rounds += 1
-    stale = margins.heartbeat_stale_after(found[1].interval_s)
-    if watch.own_rounds < LOST_ROUNDS or mono - watch.own_since < stale:
-        return None
-    given = give_back(
-        client,
-        settings,
-        lambda record: record.worker == own and record.instance not in (None, instance),
+    wait = max(
+        settings.worker_lost_s,
+        margins.heartbeat_stale_after(found[1].interval_s),
+        watch.others_stale_s,
     )
-    watch.predecessors_done = True
-    return given
+    return watch.own_rounds >= LOST_ROUNDS and mono - watch.own_since >= wait
+
+
+def _earlier_instances_run(own: str, instance: str) -> Callable[[RunningRecord], bool]:
+    def over(record: RunningRecord) -> bool:
+        if record.worker != own or record.instance in (None, instance):
+            return False
+        if record.process:
+            return is_gone(record.pid, record.process)
+        return not pid_alive(record.pid)
+
+    return over
 
 
 def others_round(
     client: redis.Redis, settings: Settings, own: str, instance: str, watch: LostWatch
 ) -> list[str]:
-    """One reaper round of the above: what to log."""
+    """One reaper round: give back what lost workers, and this worker's earlier
+    instances, began; what to log. Each message goes back once (giveback.py)."""
     try:
-        lost = give_back_lost(client, settings, own, watch)
-        earlier = give_back_predecessors(client, settings, own, instance, watch)
+        beats = _beats(client, settings)
+        lost = lost_workers(beats, settings, own, watch, redis_clock(client))
+        earlier = predecessors_due(beats, settings, own, instance, watch)
+        lines = []
+        if lost:
+            names = set(lost)
+            given = give_back(client, settings, lambda record: record.worker in names)
+            for name in lost:
+                client.eval(_FORGET, 1, settings.keys.workers, name, beats[name][0])
+                del watch.seen[name]
+            lines.append(
+                f"{', '.join(sorted(lost))} lost (heartbeat still for"
+                f" {settings.worker_lost_s:g} s); {given} of their jobs sent again"
+            )
+        if earlier:
+            given = give_back(client, settings, _earlier_instances_run(own, instance))
+            watch.predecessors_done = True
+            lines.append(f"{own}: {given} jobs its earlier instance began sent again")
+        return lines
     except redis.RedisError:
         watch.clear()  # what it saw before an outage says nothing of after it
         return []
-    lines = [
-        f"{name} lost (its heartbeat stood still {settings.worker_lost_s:g} s);"
-        f" {given} of its jobs sent again"
-        for name, given in lost.items()
-    ]
-    if earlier:
-        lines.append(f"{own}: {earlier} jobs its earlier instance began sent again")
-    return lines

@@ -37,6 +37,7 @@ from sandbox_core.errors import SlotBusyError
 from sandbox_core.slots import slot_of_uid, slot_uid
 from sandbox_core.sweep import process_uids
 from worker.giveback import dead_here, give_back
+from worker.heartbeat import beat, forget
 from worker.lostworkers import LostWatch, others_round
 
 
@@ -128,31 +129,6 @@ def reap_containers(judge: WorkerAlive | None = None, workspace_dir: Path | None
     return reap_orphans(client, judge, pts_base(workspace_dir))
 
 
-# The heartbeat, when a full Redis refuses it: one worker's entry, rewritten in place
-# (allow-oom). Without it a live worker looks dead once Redis is full, and the others'
-# reapers take its jobs and containers (an attack review).
-_BEAT_WHEN_FULL = """#!lua flags=allow-oom
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
-
-
-def beat(client: redis.Redis, key: str, name: str, info: Heartbeat, ttl: int) -> bytes | None:
-    """Write the heartbeat; the one it replaced (None when Redis is full)."""
-    record = info.model_copy(update={"ts": redis_clock(client)}).dump()
-    pipe = client.pipeline(transaction=False)
-    pipe.hget(key, name)
-    pipe.hset(key, name, record)
-    pipe.expire(key, ttl)
-    try:
-        replaced: bytes | None = pipe.execute()[0]
-    except redis.exceptions.OutOfMemoryError:
-        client.eval(_BEAT_WHEN_FULL, 1, key, name, record, ttl)
-        return None
-    return replaced
-
-
 def _parent_alive(pid: int) -> bool:
     return os.getppid() == pid
 
@@ -191,7 +167,7 @@ def run(
     finally:
         if client is not None:
             with contextlib.suppress(Exception):
-                client.hdel(settings.keys.workers, name)
+                forget(client, settings.keys.workers, name, info.instance)
 
 
 def _loop(
@@ -221,7 +197,7 @@ def _loop(
             orphaned.set()
             if client is not None:
                 with contextlib.suppress(Exception):
-                    client.hdel(settings.keys.workers, name)
+                    forget(client, settings.keys.workers, name, info.instance)
         swept = False
         try:
             sweep_free(settings.workspace_dir)
@@ -274,7 +250,7 @@ def _beat_while_alive(
         with contextlib.suppress(Exception):
             ttl = margins.heartbeat_ttl(interval)
             replaced = beat(client, settings.keys.workers, name, info, ttl)
-            if not first and watch.saw_twin(replaced, info.instance):
+            if watch.saw_twin(replaced, info.instance, first):
                 print(
                     f"sandfarm reaper: another live worker is named {name}: neither gives"
                     " back what the other's earlier instances left",

@@ -59,6 +59,7 @@ class RunningRecord(_Record):
     slot: int
     at: float | None = None  # when it began, by Redis's clock (lib_begin.lua stamps it)
     instance: str | None = None  # of its worker (worker/instance.py)
+    process: str | None = None  # its pool process: "boot pidns start" (sandbox_core.procid)
 
 
 def redis_clock(client: redis.Redis) -> float:

@@ -26,6 +26,8 @@ FORMAT = "sandfarm-tenants/1"
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_TENANTS = 100_000
 MAX_KEYS_PER_TENANT = 1_000
+# a chown or chmod leaves a handle opened before it writing (a review): a copy has none
+COPY_IT = "copy it to a file of your own, check the copy, and import the copy"
 
 
 class KeyRecord(BaseModel):
@@ -120,9 +122,15 @@ def read(path: Path) -> TenantsFile:
     key hashes become working keys (an edited export let a review in as any tenant)."""
     where = str(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)  # a FIFO never blocks
+        # looked at before it is opened for reading (a device opened is a device acted
+        # on), then opened through that very look: what is read is what was checked
+        anchor = os.open(path, os.O_PATH)
+        try:
+            _check_owned(where, os.fstat(anchor))
+            fd = os.open(f"/proc/self/fd/{anchor}", os.O_RDONLY | os.O_NOCTTY)
+        finally:
+            os.close(anchor)
         with os.fdopen(fd, "rb") as source:
-            _check_owned(where, os.fstat(fd))  # what is read is what was checked
             raw = source.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise TenantsFileError(where, exc.strerror or str(exc)) from None
@@ -144,13 +152,13 @@ def _check_owned(where: str, info: os.stat_result) -> None:
         raise TenantsFileError(
             where,
             f"owned by uid {info.st_uid}, not by you (uid {os.geteuid()}): its keys would"
-            " let in whoever wrote it; check it, then chown it",
+            f" let in whoever wrote it, who may hold it open to write it again: {COPY_IT}",
         )
     if info.st_mode & 0o022:
         raise TenantsFileError(
             where,
             f"writable by others (mode {stat.S_IMODE(info.st_mode):04o}): its keys would let"
-            " in whoever wrote it; check it, then chmod go-w",
+            f" in whoever wrote it, who may hold it open to write it again: {COPY_IT}",
         )
 
 

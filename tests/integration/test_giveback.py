@@ -14,9 +14,10 @@ from kombu.utils.json import dumps
 from producer.protocol import Heartbeat, RunningRecord, Settings, connect
 from producer.protocol.records import redis_clock
 from producer.protocol.scripts import FarmScripts
+from sandbox_core.procid import boot_id, identity
 from tests.farmkit import private_db
 from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, dead_here, give_back
-from worker.lostworkers import LostWatch, give_back_lost, give_back_predecessors
+from worker.lostworkers import LostWatch, others_round, predecessors_due
 
 
 def _unacked(r, settings: Settings, qid: str, tag: str, delivered: float) -> None:
@@ -54,11 +55,18 @@ def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: s
         assert give_back(r, settings, dead_here("w1@host")) == 0
 
 
+def _heartbeat(settings: Settings, ts: float, **fields: object) -> str:
+    values: dict = {"queues": (settings.queue,), **fields}
+    return Heartbeat(
+        pid=1, host="h", slots=(0, 1), uids=(None, None), concurrency=1, ts=ts, **values
+    ).dump()
+
+
 def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_forgotten(
     redis_url: str,
 ) -> None:
     """Its host lost with its reaper, a worker gives nothing back itself: any live
-    reaper of its queue does (give_back_lost), once its heartbeat has not moved for
+    reaper of its queue does (others_round), once its heartbeat has not moved for
     worker_lost_s by Redis's clock and through the reaper's own rounds, whatever its
     runs' pids (another host's: one alive here proves nothing of it)."""
     with private_db(redis_url) as url:
@@ -75,43 +83,36 @@ def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_fo
             _unacked(r, settings, qid, tag_, now - 0.5)
 
         def beat(worker: str, age: float, queue: str = settings.queue) -> None:
-            record = Heartbeat(
-                pid=1,
-                host="h",
-                slots=(0, 1),
-                uids=(None, None),
-                concurrency=1,
-                queues=(queue,),
-                ts=now - age,
-            )
-            r.hset(settings.keys.workers, worker, record.dump())
+            record = _heartbeat(settings, now - age, queues=(queue,))
+            r.hset(settings.keys.workers, worker, record)
 
         clock = [0.0]
         watch = LostWatch(clock=lambda: clock[0])
 
-        def round_at(t: float, own: str = "judge@here") -> dict[str, int]:
+        def round_at(t: float, own: str = "judge@here") -> list[str]:
             clock[0] = t
-            return give_back_lost(r, settings, own, watch)
+            return others_round(r, settings, own, "", watch)
 
         beat("far@other", 31)  # older than worker_lost_s by Redis's clock ...
         beat("near@here", 1)
         # ... but this reaper has not seen it stand still that long: a reaper whose read
         # waited out a Redis stall saw every beat that old (a review)
-        assert round_at(0) == {} and round_at(1) == {} and round_at(29) == {}
+        assert round_at(0) == [] and round_at(1) == [] and round_at(29) == []
         beat("far@other", 31.5)  # it moved: watched afresh
-        assert round_at(35) == {} and round_at(40) == {} and round_at(64) == {}
+        assert round_at(35) == [] and round_at(40) == [] and round_at(64) == []
         assert r.llen(settings.queue) == 0 and r.hlen(settings.keys.workers) == 2
-        assert round_at(70, own="far@other") == {}  # never itself
+        assert round_at(70, own="far@other") == []  # never itself
         beat("far@other", 31.5, queue="other")  # another queue's worker: not judged here
-        assert round_at(71) == {}
+        assert round_at(71) == []
         beat("far@other", 31.5)
         for t in (72, 80, 101):
-            assert round_at(t) == {}
-        assert round_at(103) == {"far@other": 1}  # three rounds, 30 s still
+            assert round_at(t) == []
+        (line,) = round_at(103)  # three rounds, 30 s still
+        assert line.startswith("far@other lost") and "1 of their jobs sent again" in line
         assert r.llen(settings.queue) == 1 and not r.hexists(KOMBU_UNACKED, "t1")
         assert r.hexists(KOMBU_UNACKED, "t2")  # the live worker's run stays its own
         assert r.hkeys(settings.keys.workers) == [b"near@here"]  # the lost one forgotten
-        assert round_at(200) == {}  # once
+        assert round_at(200) == []  # once
 
 
 def test_a_workers_new_instance_gives_back_what_its_predecessor_began_once_sure(
@@ -119,58 +120,74 @@ def test_a_workers_new_instance_gives_back_what_its_predecessor_began_once_sure(
 ) -> None:
     """A rebooted host's worker comes back under the same name, often within
     worker_lost_s: its fresh heartbeat hid its predecessor's runs, which waited for the
-    visibility timeout. Once its own beat has stood as its instance's for a beat's
-    staleness (a live twin of the name would have written its own), it gives them back,
-    once; its own runs, and runs of no instance, stay."""
+    visibility timeout. Once its own beat has stood as its instance's for worker_lost_s
+    (a live twin of the name would have written its own), it gives back those whose
+    process is gone, once. Its own runs, runs of no instance, and a run whose pool
+    process still lives here (the old main process killed, its child finishing: a
+    review) stay."""
     with private_db(redis_url) as url:
         tag = uuid.uuid4().hex[:6]
-        settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:")
+        settings = Settings(
+            redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:", worker_lost_s=20
+        )
         r, scripts = connect(url), FarmScripts(connect(url), settings)
         now = redis_clock(r)
-        runs = (("old", "t1", "by-old"), ("new", "t2", "by-new"), (None, "t3", "by-none"))
-        for instance, tag_, qid in runs:
-            running = RunningRecord(worker="w@h", pid=os.getpid(), slot=0, instance=instance)
-            assert scripts.begin_attempt(qid, running, 30, uuid.uuid4().hex) is not None
-            _unacked(r, settings, qid, tag_, now - 0.5)
+        me = os.getpid()
+        runs = (
+            ("old", identity(me).replace(boot_id(), "another-boot"), "t1"),  # rebooted
+            ("old", identity(me), "t4"),  # its pool process still runs here
+            ("new", identity(me), "t2"),
+            (None, None, "t3"),
+        )
+        for instance, process, tag_ in runs:
+            running = RunningRecord(
+                worker="w@h", pid=me, slot=0, instance=instance, process=process
+            )
+            assert scripts.begin_attempt(tag_, running, 30, uuid.uuid4().hex) is not None
+            _unacked(r, settings, tag_, tag_, now - 0.5)
 
         def beat(instance: str) -> None:
-            record = Heartbeat(
-                pid=1,
-                host="h",
-                slots=(0, 1),
-                uids=(None, None),
-                concurrency=1,
-                queues=(settings.queue,),
-                ts=now,
-                interval_s=5,
-                instance=instance,
-            )
-            r.hset(settings.keys.workers, "w@h", record.dump())
+            r.hset(settings.keys.workers, "w@h", _heartbeat(settings, now, instance=instance))
 
         clock = [0.0]
         watch = LostWatch(clock=lambda: clock[0])
 
-        def round_at(t: float) -> int | None:
+        def round_at(t: float) -> list[str]:
             clock[0] = t
-            return give_back_predecessors(r, settings, "w@h", "new", watch)
+            return others_round(r, settings, "w@h", "new", watch)
 
         beat("old")  # the predecessor's beat still stands: not yet
-        assert round_at(0) is None and round_at(5) is None
+        assert round_at(0) == [] and round_at(5) == []
         beat("new")
-        assert round_at(6) is None and round_at(11) is None and round_at(16) is None
+        assert round_at(6) == [] and round_at(11) == [] and round_at(16) == []
         beat("other")  # a twin wrote its own meanwhile: watched afresh
-        assert round_at(20) is None
+        assert round_at(20) == []
         beat("new")
-        assert round_at(21) is None and round_at(26) is None and round_at(31) is None
+        assert round_at(21) == [] and round_at(31) == [] and round_at(40) == []
         assert r.llen(settings.queue) == 0
-        assert round_at(38) == 1  # three rounds over 17 s (5 s beats: their staleness)
+        assert round_at(41) == ["w@h: 1 jobs its earlier instance began sent again"]
         assert not r.hexists(KOMBU_UNACKED, "t1")
-        assert r.hexists(KOMBU_UNACKED, "t2") and r.hexists(KOMBU_UNACKED, "t3")
-        assert round_at(60) is None  # once
+        assert all(r.hexists(KOMBU_UNACKED, t) for t in ("t2", "t3", "t4"))
+        assert round_at(60) == []  # once
 
-        twin = LostWatch()  # a live twin beats between two of ours: never
-        old = Heartbeat(pid=1, host="h", slots=(0, 1), uids=(None, None), concurrency=1)
-        assert not twin.saw_twin(None, "new")
-        assert not twin.saw_twin(old.model_copy(update={"instance": "new"}).dump().encode(), "new")
-        assert twin.saw_twin(old.model_copy(update={"instance": "x"}).dump().encode(), "new")
-        assert give_back_predecessors(r, settings, "w@h", "new", twin) is None
+
+def test_a_live_twin_of_the_name_switches_the_give_back_off() -> None:
+    """Only a live worker of the same name writes its beat between two of ours: from
+    then on, neither gives back what the other began. The first beat may replace a dead
+    predecessor's: its staleness lengthens the wait, it is no twin."""
+    settings = Settings(worker_lost_s=1)
+    old = Heartbeat(pid=1, host="h", slots=(0, 1), uids=(None, None), concurrency=1)
+
+    def written(instance: str, interval_s: float = 5) -> bytes:
+        return (
+            old.model_copy(update={"instance": instance, "interval_s": interval_s}).dump().encode()
+        )
+
+    watch = LostWatch()
+    assert not watch.saw_twin(None, "new", first=True)
+    assert not watch.saw_twin(written("gone", interval_s=60), "new", first=True)
+    assert watch.others_stale_s == 3 * 60 + 2  # a slow beat: waited for as long
+    assert not watch.saw_twin(written("new"), "new", first=False)
+    assert watch.saw_twin(written("twin"), "new", first=False)
+    beats = {"w@h": (b"", old.model_copy(update={"instance": "new"}))}
+    assert not predecessors_due(beats, settings, "w@h", "new", watch)

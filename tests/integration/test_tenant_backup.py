@@ -185,6 +185,7 @@ def test_import_refuses_what_is_not_an_export(tmp_path: Path, redis_url: str) ->
         (tmp_path / "missing.json", "No such file"),
         (Path("/etc/passwd"), "Invalid JSON"),
         (fifo, "not a regular file"),
+        (Path("/dev/null"), "not a regular file"),
         (tmp_path, "is a directory"),
     ]:
         out = sandfarm(farm, "tenant", "import", str(path))
@@ -211,6 +212,8 @@ def test_import_reads_only_an_export_no_one_else_could_have_written(
         os.chown(backup, 65534, 65534)
         out = sandfarm(farm, "tenant", "import", str(backup))
         assert out.returncode == 2 and "owned by uid 65534, not by you" in out.stderr, out
+        # a chown would leave a handle its writer holds open writing it (a review)
+        assert "copy it to a file of your own" in out.stderr
         assert store.names() == []
         os.chown(backup, os.geteuid(), os.getegid())
         out = sandfarm(farm, "tenant", "import", str(backup))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import time
 
-from sandbox_core.backends.docker.containers import _start_time, owner_alive
+from sandbox_core.backends.docker.containers import owner_alive
+from sandbox_core.procid import start_time
 
 
 def test_zombie_owner_counts_as_dead() -> None:
@@ -25,7 +26,7 @@ def test_zombie_owner_counts_as_dead() -> None:
         else:
             raise AssertionError("the child never became a zombie")
         labels = {"sandfarm.pid": str(pid), "sandfarm.start": "1"}
-        assert _start_time(pid) == ""
+        assert start_time(pid) == ""
         assert owner_alive(labels) is False
     finally:
         os.waitpid(pid, 0)
@@ -33,6 +34,6 @@ def test_zombie_owner_counts_as_dead() -> None:
 
 def test_live_owner_counts_as_alive() -> None:
     me = os.getpid()
-    labels = {"sandfarm.pid": str(me), "sandfarm.start": _start_time(me)}
+    labels = {"sandfarm.pid": str(me), "sandfarm.start": start_time(me)}
     assert labels["sandfarm.start"]
     assert owner_alive(labels) is True

@@ -29,6 +29,7 @@ from sandbox_core.backends.docker import jobnetwork
 from sandbox_core.childsetup import in_own_thread, join_network_namespace, mount_devpts
 from sandbox_core.loopback import configure_loopback
 from sandbox_core.models import Limits
+from sandbox_core.procid import boot_id, pid_namespace, start_time
 from sandbox_core.seccomp import docker_profile
 from sandbox_core.workspace import unmount
 
@@ -52,7 +53,7 @@ class Owner:
 
     @classmethod
     def this_process(cls, worker: str | None) -> Owner:
-        return cls(_boot_id(), _pidns(), os.getpid(), _start_time(os.getpid()), worker or "")
+        return cls(boot_id(), pid_namespace(), os.getpid(), start_time(os.getpid()), worker or "")
 
     def labels(self) -> dict[str, str]:
         return {
@@ -64,28 +65,6 @@ class Owner:
             "sandfarm.start": self.start,
             "sandfarm.worker": self.worker,
         }
-
-
-def _boot_id() -> str:
-    with contextlib.suppress(OSError):
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return ""
-
-
-def _pidns() -> str:
-    with contextlib.suppress(OSError):
-        return os.readlink("/proc/self/ns/pid")
-    return ""
-
-
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat);
-    "" when it is gone or a zombie (dead, its exit status not yet collected: a killed
-    worker's pool process reparented to a subreaper that does not wait stays one)."""
-    with contextlib.suppress(OSError, IndexError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return "" if fields[0] in ("Z", "X") else fields[19]
-    return ""
 
 
 @dataclass(frozen=True)
@@ -210,7 +189,7 @@ def _devpts(base: Path, max_ptys: int) -> Path | None:
     base.mkdir(mode=0o711, parents=True, exist_ok=True)
     # its owner in its name: one that died before its container named it (a label) is
     # found by that (reap_orphans)
-    maker = f"{_pidns_inode()}-{os.getpid()}-{_start_time(os.getpid())}"
+    maker = f"{_pidns_inode()}-{os.getpid()}-{start_time(os.getpid())}"
     path = base / f"pts-{maker}-{secrets.token_hex(8)}"
     path.mkdir(mode=0o755)
     try:
@@ -266,13 +245,13 @@ WorkerAlive = Callable[[str], bool | None]
 
 def owner_alive(labels: dict[str, str], worker_alive: WorkerAlive | None = None) -> bool | None:
     """Is a container's owner alive? None when this process cannot tell."""
-    if labels.get("sandfarm.boot") not in (None, _boot_id()):
+    if labels.get("sandfarm.boot") not in (None, boot_id()):
         return False  # owned by a process of an earlier boot
     same_host = labels.get("sandfarm.host", os.uname().nodename) == os.uname().nodename
-    same_pidns = labels.get("sandfarm.pidns", _pidns()) == _pidns()
+    same_pidns = labels.get("sandfarm.pidns", pid_namespace()) == pid_namespace()
     pid = int(labels.get("sandfarm.pid", "0") or 0)
     if same_host and same_pidns and pid:  # its pid means what it says here
-        start, now_start = labels.get("sandfarm.start"), _start_time(pid)
+        start, now_start = labels.get("sandfarm.start"), start_time(pid)
         return bool(now_start) and (start is None or start == now_start)
     if worker_alive is not None and labels.get("sandfarm.worker"):
         return worker_alive(labels["sandfarm.worker"])
@@ -308,9 +287,9 @@ def _maker_dead(name: str) -> bool:
     parts = name.split("-")
     if len(parts) != 5 or parts[1] != _pidns_inode() or not parts[2].isdigit():
         return False
-    return _start_time(int(parts[2])) != parts[3]
+    return start_time(int(parts[2])) != parts[3]
 
 
 def _pidns_inode() -> str:
     """This process's pid namespace, as a name part: pid:[4026531836] -> 4026531836."""
-    return _pidns().removeprefix("pid:[").removesuffix("]") or "0"
+    return pid_namespace().removeprefix("pid:[").removesuffix("]") or "0"
