@@ -37,11 +37,12 @@ def identity(pid: int) -> str:
 
 
 def is_gone(pid: int, identity_then: str) -> bool:
-    """Is the process that was ``pid`` with ``identity_then`` gone? Another boot, or
-    another pid namespace (another container, ended with it), or no process under that
-    pid with that start time."""
+    """Is the process that was ``pid`` with ``identity_then`` surely gone? Another boot,
+    or in this pid namespace no process under that pid with that start time. One of
+    another pid namespace is not known gone: a worker in a container, started again in
+    another, leaves its docker jobs' containers running, judged by its name (a review)."""
     boot, _, rest = identity_then.partition(" ")
     pidns, _, start = rest.rpartition(" ")
-    if boot != boot_id() or pidns != pid_namespace():
+    if boot != boot_id():
         return True
-    return start_time(pid) != start
+    return pidns == pid_namespace() and start_time(pid) != start

@@ -123,7 +123,7 @@ def kill_until_gone(
                 os.kill(pid, signal.SIGKILL)
         if after is not None:
             after()
-        if round_:
+        if 0 < round_ < rounds - 1:
             time.sleep(min(0.001 * 2**round_, 0.05))
     return not find()
 

@@ -60,9 +60,15 @@ def pid_alive(pid: int) -> bool:
 RunTest = Callable[[RunningRecord], bool]
 
 
-def dead_here(worker: str) -> RunTest:
-    """A run of ``worker``, on this host, whose pool process is gone."""
-    return lambda record: record.worker == worker and not pid_alive(record.pid)
+def dead_here(worker: str, instance: str = "") -> RunTest:
+    """A run of ``worker`` (of its ``instance``, when known), on this host, whose pool
+    process is gone."""
+    ours = (None, instance) if instance else None
+    return lambda record: (
+        record.worker == worker
+        and (ours is None or record.instance in ours)
+        and not pid_alive(record.pid)
+    )
 
 
 def _held_by_dead(

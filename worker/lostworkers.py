@@ -15,8 +15,8 @@ instance id (worker/instance.py), in its heartbeat and its runs' records: once a
 worker's own heartbeat has stood as its own for ``worker_lost_s`` (and for the
 staleness of any other beat of its name it replaced: another live worker of the name
 would have written its own meanwhile), its reaper gives back the runs its name's
-earlier instances left whose process is gone (another boot, another pid namespace, or
-no process with that pid and start time: the old main process SIGKILLed, its pool
+earlier instances left whose process is surely gone (another boot, or no process with
+that pid and start time in its pid namespace: the old main process SIGKILLed, its pool
 child may still be finishing its job, a review), once.
 """
 
@@ -52,9 +52,12 @@ class LostWatch:
     included, lost, and their live jobs ran twice (a review). Cleared on a Redis error."""
 
     clock: Callable[[], float] = time.monotonic
-    seen: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # ts, since, rounds
+    interval: float = 5.0  # this reaper's: a longer gap between its looks starts afresh
+    # name -> its beat's ts, since when seen so, in how many rounds, last looked at
+    seen: dict[str, tuple[float, float, int, float]] = field(default_factory=dict)
     own_since: float | None = None  # since when its own beat has been its instance's
     own_rounds: int = 0
+    own_last: float = 0.0
     predecessors_done: bool = False
     twin: bool = False  # another live worker has this name (set by the beat thread)
     others_stale_s: float = 0.0  # the staleness of other instances' beats it replaced
@@ -62,6 +65,12 @@ class LostWatch:
     def clear(self) -> None:
         self.seen.clear()
         self.own_since, self.own_rounds = None, 0
+
+    def gap(self, last: float, now: float, interval_s: float) -> bool:
+        """Were two looks too far apart to say the beat stood still between them? (This
+        reaper paused with Redis, or its sweeps stalled: rounds counted back to back
+        after the gap judged a live worker lost, a review.)"""
+        return now - last > 2 * max(self.interval, interval_s) + 2
 
     def saw_twin(self, replaced: bytes | None, instance: str, first: bool) -> bool:
         """Did the beat just written replace another instance's? After its first beat
@@ -83,9 +92,12 @@ class LostWatch:
         return True
 
 
-def _beats(client: redis.Redis, settings: Settings) -> dict[str, tuple[bytes | str, Heartbeat]]:
+Beats = dict[str, tuple[bytes | str, Heartbeat]]  # name -> (as stored, parsed)
+
+
+def _beats(client: redis.Redis, settings: Settings) -> Beats:
     """The heartbeats of this queue's workers: name -> (as stored, parsed)."""
-    found = {}
+    found: Beats = {}
     for raw_name, raw in client.hgetall(settings.keys.workers).items():
         name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
         try:
@@ -97,9 +109,6 @@ def _beats(client: redis.Redis, settings: Settings) -> dict[str, tuple[bytes | s
     return found
 
 
-Beats = dict[str, tuple[bytes | str, Heartbeat]]
-
-
 def lost_workers(
     beats: Beats, settings: Settings, own: str, watch: LostWatch, now: float
 ) -> list[str]:
@@ -109,11 +118,11 @@ def lost_workers(
     for name, (_raw, beat) in beats.items():
         if name == own:
             continue
-        ts, since, rounds = watch.seen.get(name, (None, mono, 0))
-        if ts != beat.ts:
-            watch.seen[name] = (beat.ts, mono, 1)
+        ts, since, rounds, last = watch.seen.get(name, (None, mono, 0, mono))
+        if ts != beat.ts or watch.gap(last, mono, beat.interval_s):
+            watch.seen[name] = (beat.ts, mono, 1, mono)
             continue
-        watch.seen[name] = (ts, since, rounds + 1)
+        watch.seen[name] = (ts, since, rounds + 1, mono)
         after = max(settings.worker_lost_s, margins.heartbeat_stale_after(beat.interval_s))
         if rounds + 1 >= LOST_ROUNDS and mono - since >= after and now - beat.ts > after:
             lost.append(name)
@@ -134,9 +143,10 @@ def predecessors_due(
     if found is None or found[1].instance != instance:
         watch.own_since, watch.own_rounds = None, 0  # another of its name beats: wait
         return False
-    if watch.own_since is None:
-        watch.own_since = mono
+    if watch.own_since is None or watch.gap(watch.own_last, mono, found[1].interval_s):
+        watch.own_since, watch.own_rounds = mono, 0
     watch.own_rounds += 1
+    watch.own_last = mono
     wait = max(
         settings.worker_lost_s,
         margins.heartbeat_stale_after(found[1].interval_s),
@@ -167,14 +177,21 @@ def others_round(
         earlier = predecessors_due(beats, settings, own, instance, watch)
         lines = []
         if lost:
-            names = set(lost)
-            given = give_back(client, settings, lambda record: record.worker in names)
+            # only the instance judged lost: one started under its name since is not
+            instances = {name: (None, beats[name][1].instance or None) for name in lost}
+            given = give_back(
+                client,
+                settings,
+                lambda record: (
+                    record.worker in instances and record.instance in instances[record.worker]
+                ),
+            )
             for name in lost:
                 client.eval(_FORGET, 1, settings.keys.workers, name, beats[name][0])
                 del watch.seen[name]
             lines.append(
-                f"{', '.join(sorted(lost))} lost (heartbeat still for"
-                f" {settings.worker_lost_s:g} s); {given} of their jobs sent again"
+                f"{', '.join(sorted(lost))} lost (heartbeat still past"
+                f" SANDFARM_WORKER_LOST_S); {given} of their jobs sent again"
             )
         if earlier:
             given = give_back(client, settings, _earlier_instances_run(own, instance))

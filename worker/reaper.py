@@ -182,7 +182,7 @@ def _loop(
 ) -> None:
     orphaned_at: float | None = None
     orphaned = threading.Event()
-    watch = LostWatch()
+    watch = LostWatch(interval=interval)
     if client is not None:  # a worker is online as soon as it starts
         threading.Thread(
             target=_beat_while_alive,
@@ -209,21 +209,25 @@ def _loop(
             ours = set(range(base, base + size))
             clean = not (dirty_slots(settings.workspace_dir) & ours)
             if clean and swept and client is not None:  # no process of its jobs is left
-                _give_back(client, settings, name)
+                _give_back(client, settings, name, info.instance)
             if (clean and swept) or time.monotonic() - orphaned_at > 60:
                 return
             time.sleep(min(interval, 0.5))
             continue
         if client is not None and swept:
-            for line in others_round(client, settings, name, info.instance, watch):
-                print(f"sandfarm reaper: {line}", flush=True)
+            try:
+                for line in others_round(client, settings, name, info.instance, watch):
+                    print(f"sandfarm reaper: {line}", flush=True)
+            except Exception as exc:  # never let the reaper die of it: it writes the beat
+                watch.clear()
+                print(f"sandfarm reaper: give-back round failed: {exc!r}", flush=True)
         time.sleep(interval)
 
 
-def _give_back(client: redis.Redis, settings: Settings, name: str) -> None:
+def _give_back(client: redis.Redis, settings: Settings, name: str, instance: str) -> None:
     """The dead worker's begun jobs go back to its queue now (worker/giveback.py)."""
     try:
-        given = give_back(client, settings, dead_here(name))
+        given = give_back(client, settings, dead_here(name, instance))
     except redis.RedisError as exc:  # kombu's restore sends them after the visibility timeout
         print(f"sandfarm reaper: could not give back {name}'s jobs: {exc!r}", flush=True)
         return

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from producer.protocol import FarmUnavailableError, Settings, get_settings
 from producer.protocol.connection import check
+from producer.protocol.errors import first_problem
 from producer.terminal import MESSAGE_PREFIX, columns_of, one_line, terminal_rows
 
 if TYPE_CHECKING:
@@ -35,10 +36,8 @@ def farm_settings(**overrides: Any) -> Settings:
     try:
         return get_settings(**overrides)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        name = ".".join(str(p) for p in err["loc"]) or "settings"
-        reason = str(err["msg"]).removeprefix("Value error, ")
-        fail(f"SANDFARM_{name.upper()}: {reason}", code=1)
+        name, reason = first_problem(exc)
+        fail(f"SANDFARM_{(name or 'settings').upper()}: {reason}", code=1)
 
 
 def reachable_settings(**overrides: Any) -> Settings:

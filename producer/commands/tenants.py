@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import redis
 
 from producer.commands.common import fail, reachable_settings
 from producer.protocol import FarmScripts, TenantError, TenantsFileError, connect, tenant_backup
@@ -263,7 +264,7 @@ def export(file: Path, redis_url: str | None) -> None:
     try:
         tenant_backup.write_private(file, text_)
     except OSError as exc:
-        fail(f"{file}: {exc.strerror or exc}")
+        fail(f"{file}: {exc.strerror or exc}", 1)
     keys = sum(len(t.keys) for t in backup.tenants)
     click.echo(f"{len(backup.tenants)} tenants and {keys} keys written to {file}")
 
@@ -279,7 +280,10 @@ def import_(file: Path, redis_url: str | None) -> None:
     except TenantsFileError as exc:
         fail(str(exc))
     store, _ = _store(redis_url)
-    done = tenant_backup.restore(store, backup)
+    try:
+        done = tenant_backup.restore(store, backup)
+    except redis.RedisError as exc:  # each tenant is whole or absent: run it again
+        fail(f"Redis refused the import ({exc}); the tenants it names are whole or absent", 1)
     click.echo(
         f"{len(done.restored)} tenants restored with {done.keys} keys;"
         f" {len(done.kept)} already in the farm, left as they are"

@@ -5,9 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from pydantic import ValidationError
+
 from sandbox_core.errors import SandfarmError
 
 T = TypeVar("T")
+
+
+def first_problem(exc: ValidationError) -> tuple[str, str]:
+    """A pydantic validation's first error: (its dotted field, "" for the whole; reason)."""
+    err = exc.errors(include_url=False)[0]
+    field = ".".join(str(p) for p in err["loc"])
+    return field, str(err["msg"]).removeprefix("Value error, ")
 
 
 class FarmError(SandfarmError):

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from producer.protocol.errors import TenantsFileError
+from producer.protocol.errors import TenantsFileError, first_problem
 from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import ApiKey, Policy, TenantName
 
@@ -139,9 +139,7 @@ def read(path: Path) -> TenantsFile:
     try:
         return TenantsFile.model_validate_json(raw)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"])
-        reason = str(err["msg"]).removeprefix("Value error, ")
+        field, reason = first_problem(exc)
         raise TenantsFileError(where, f"{field}: {reason}" if field else reason) from None
 
 

@@ -15,7 +15,7 @@ import redis
 from pydantic import ValidationError
 
 from producer.protocol import margins
-from producer.protocol.errors import TenantError
+from producer.protocol.errors import TenantError, first_problem
 from producer.protocol.keys import Keys
 from producer.protocol.scripts import FarmScripts, loads
 from producer.protocol.tenants import TENANT_RE, ApiKey, Policy, key_hash, new_key
@@ -128,10 +128,8 @@ class TenantStore:
         try:
             policy = Policy.model_validate({**current.model_dump(), **changes})
         except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            field = ".".join(str(p) for p in err["loc"]) or "policy"
-            reason = str(err["msg"]).removeprefix("Value error, ")
-            raise TenantError(name, f"{field}: {reason}") from None
+            field, reason = first_problem(exc)
+            raise TenantError(name, f"{field or 'policy'}: {reason}") from None
         self.redis.set(self.keys.tenant(name), policy.model_dump_json())
         return policy
 

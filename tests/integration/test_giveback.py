@@ -14,7 +14,7 @@ from kombu.utils.json import dumps
 from producer.protocol import Heartbeat, RunningRecord, Settings, connect
 from producer.protocol.records import redis_clock
 from producer.protocol.scripts import FarmScripts
-from sandbox_core.procid import boot_id, identity
+from sandbox_core.procid import boot_id, identity, pid_namespace
 from tests.farmkit import private_db
 from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, dead_here, give_back
 from worker.lostworkers import LostWatch, others_round, predecessors_due
@@ -76,9 +76,14 @@ def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_fo
         )
         r, scripts = connect(url), FarmScripts(connect(url), settings)
         now = redis_clock(r)
-        jobs = (("far@other", "far-job", "t1"), ("near@here", "near-job", "t2"))
-        for worker, qid, tag_ in jobs:
-            running = RunningRecord(worker=worker, pid=os.getpid(), slot=0)  # pid alive here
+        jobs = (
+            ("far@other", None, "far-job", "t1"),
+            ("near@here", None, "near-job", "t2"),
+            # begun by a worker started under the lost one's name since: not the lost one's
+            ("far@other", "a-new-start", "far-new", "t5"),
+        )
+        for worker, instance, qid, tag_ in jobs:
+            running = RunningRecord(worker=worker, pid=os.getpid(), slot=0, instance=instance)
             assert scripts.begin_attempt(qid, running, 30, uuid.uuid4().hex) is not None
             _unacked(r, settings, qid, tag_, now - 0.5)
 
@@ -87,7 +92,7 @@ def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_fo
             r.hset(settings.keys.workers, worker, record)
 
         clock = [0.0]
-        watch = LostWatch(clock=lambda: clock[0])
+        watch = LostWatch(clock=lambda: clock[0], interval=5)
 
         def round_at(t: float, own: str = "judge@here") -> list[str]:
             clock[0] = t
@@ -97,20 +102,22 @@ def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_fo
         beat("near@here", 1)
         # ... but this reaper has not seen it stand still that long: a reaper whose read
         # waited out a Redis stall saw every beat that old (a review)
-        assert round_at(0) == [] and round_at(1) == [] and round_at(29) == []
+        assert all(round_at(t) == [] for t in (0, 10, 20, 29))
+        # nor across a gap in its own looks (it was paused with Redis, say): afresh
+        assert round_at(50) == [] and round_at(60) == []
         beat("far@other", 31.5)  # it moved: watched afresh
-        assert round_at(35) == [] and round_at(40) == [] and round_at(64) == []
+        assert round_at(61) == [] and round_at(70) == []
         assert r.llen(settings.queue) == 0 and r.hlen(settings.keys.workers) == 2
-        assert round_at(70, own="far@other") == []  # never itself
+        assert round_at(71, own="far@other") == []  # never itself
         beat("far@other", 31.5, queue="other")  # another queue's worker: not judged here
-        assert round_at(71) == []
+        assert round_at(72) == []
         beat("far@other", 31.5)
-        for t in (72, 80, 101):
-            assert round_at(t) == []
-        (line,) = round_at(103)  # three rounds, 30 s still
+        assert all(round_at(t) == [] for t in (73, 83, 93, 102))
+        (line,) = round_at(104)  # rounds, 31 s still by its clock and by Redis's
         assert line.startswith("far@other lost") and "1 of their jobs sent again" in line
         assert r.llen(settings.queue) == 1 and not r.hexists(KOMBU_UNACKED, "t1")
         assert r.hexists(KOMBU_UNACKED, "t2")  # the live worker's run stays its own
+        assert r.hexists(KOMBU_UNACKED, "t5")  # so does the new start's
         assert r.hkeys(settings.keys.workers) == [b"near@here"]  # the lost one forgotten
         assert round_at(200) == []  # once
 
@@ -136,6 +143,8 @@ def test_a_workers_new_instance_gives_back_what_its_predecessor_began_once_sure(
         runs = (
             ("old", identity(me).replace(boot_id(), "another-boot"), "t1"),  # rebooted
             ("old", identity(me), "t4"),  # its pool process still runs here
+            # of another pid namespace (a worker in a container): not known gone
+            ("old", identity(me).replace(pid_namespace(), "pid:[1]"), "t5"),
             ("new", identity(me), "t2"),
             (None, None, "t3"),
         )
@@ -167,7 +176,7 @@ def test_a_workers_new_instance_gives_back_what_its_predecessor_began_once_sure(
         assert r.llen(settings.queue) == 0
         assert round_at(41) == ["w@h: 1 jobs its earlier instance began sent again"]
         assert not r.hexists(KOMBU_UNACKED, "t1")
-        assert all(r.hexists(KOMBU_UNACKED, t) for t in ("t2", "t3", "t4"))
+        assert all(r.hexists(KOMBU_UNACKED, t) for t in ("t2", "t3", "t4", "t5"))
         assert round_at(60) == []  # once
 
 
