@@ -51,6 +51,11 @@ return 'restored'
 """
 
 
+def _check_name(name: str) -> None:
+    if not TENANT_RE.fullmatch(name):
+        raise TenantError(name, "a tenant name is 1-32 of [a-z0-9-], starting alphanumeric")
+
+
 class TenantStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis = client
@@ -59,8 +64,7 @@ class TenantStore:
     # --- tenants ------------------------------------------------------------------
 
     def add(self, name: str, policy: Policy) -> None:
-        if not TENANT_RE.fullmatch(name):
-            raise TenantError(name, "a tenant name is 1-32 of [a-z0-9-], starting alphanumeric")
+        _check_name(name)
         held = self.redis.exists(self.keys.joblist(name), self.keys.removed(name))
         if held and not self.get(name):
             # a new team must not read a removed one's results under the old ids
@@ -84,8 +88,7 @@ class TenantStore:
         """Make tenant ``name`` with its policy and keys (from an export) in one step, or
         nothing: "restored", "kept" (it exists), "held" (a removed tenant's records hold
         the name) or "clash <key id>" (a key's hash is already some key's here)."""
-        if not TENANT_RE.fullmatch(name):
-            raise TenantError(name, "a tenant name is 1-32 of [a-z0-9-], starting alphanumeric")
+        _check_name(name)
         k = self.keys
         names = [k.tenant(name), k.tenants, k.joblist(name), k.removed(name), k.tenant_keys(name)]
         names += [k.api_key(key.digest) for key in keys]

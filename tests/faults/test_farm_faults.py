@@ -21,6 +21,7 @@ from sandbox_core.sweep import pids_of_uid
 from tests.conftest import job_shared_dir
 from tests.farmkit import (  # noqa: F401
     Farm,
+    Worker,
     alive,
     collect_once,
     farm_db,
@@ -237,6 +238,30 @@ def test_a_killed_reaper_is_started_again_and_its_worker_stays_online(make_farm)
     assert result is not None and result.steps[0].stdout == "still-here\n", result
 
 
+def a_running_job(client, victim: Worker) -> tuple[str, dict]:
+    """A 2 s job, running on ``victim``: its id and running record."""
+    job_id = client.submit({"command": "sleep 2; echo done"})
+    info = wait_for(lambda: running(client, job_id), 20, what="job running")
+    assert info["worker"] == victim.name
+    return job_id, info
+
+
+def host_down(victim: Worker, info: dict) -> float:
+    """Everything of ``victim`` SIGKILLed, its reaper too (its host gone), and seen gone
+    (a SIGKILLed pool process takes a moment to exit once its parent is gone): when."""
+    reaper = victim.reaper_pid()
+    assert reaper is not None
+    os.kill(reaper, signal.SIGKILL)
+    victim.kill_all()
+    killed_at = time.monotonic()
+    wait_for(
+        lambda: not any(alive(p) for p in (victim.pid, info["pid"], reaper)),
+        10,
+        what="the worker's processes gone",
+    )
+    return killed_at
+
+
 def test_a_lost_hosts_jobs_run_again_once_its_heartbeat_is_old(make_farm) -> None:  # noqa: F811
     """A host lost with its reaper (power, network, kernel) gave nothing back: its begun
     jobs waited for the visibility timeout, an hour by default. Another worker's reaper
@@ -249,20 +274,9 @@ def test_a_lost_hosts_jobs_run_again_once_its_heartbeat_is_old(make_farm) -> Non
     )
     victim = farm.start_worker("lost", 1)
     with farm.client() as client:
-        job_id = client.submit({"command": "sleep 2; echo done"})
-        info = wait_for(lambda: running(client, job_id), 20, what="job running")
-        assert info["worker"] == victim.name
+        job_id, info = a_running_job(client, victim)
         heir = farm.start_worker("heir", 1)
-        reaper = victim.reaper_pid()
-        assert reaper is not None
-        os.kill(reaper, signal.SIGKILL)  # the host is gone: its reaper with it
-        victim.kill_all()
-        killed_at = time.monotonic()
-        wait_for(
-            lambda: not any(alive(p) for p in (victim.pid, info["pid"], reaper)),
-            10,
-            what="the lost worker's processes gone",
-        )
+        killed_at = host_down(victim, info)
         # nobody gave its job back: its heartbeat and its message are still there
         assert client.redis.hexists(client.keys.workers, victim.name)
         assert client.result(job_id) is None
@@ -288,18 +302,8 @@ def test_a_rebooted_hosts_worker_gives_back_what_it_began_before(make_farm) -> N
     )
     before = farm.start_worker("host-a", 1)
     with farm.client() as client:
-        job_id = client.submit({"command": "sleep 2; echo done"})
-        info = wait_for(lambda: running(client, job_id), 20, what="job running")
-        assert info["worker"] == before.name
-        reaper = before.reaper_pid()
-        assert reaper is not None
-        os.kill(reaper, signal.SIGKILL)  # the host goes down: everything on it
-        before.kill_all()
-        wait_for(
-            lambda: not any(alive(p) for p in (before.pid, info["pid"], reaper)),
-            10,
-            what="the old instance gone",
-        )
+        job_id, info = a_running_job(client, before)
+        host_down(before, info)  # everything on it
         after = farm.start_worker("host-a", 1)  # the host is back, its worker too
         assert after.name == before.name
         result = client.result(job_id, timeout=60)  # not 600 s
@@ -335,9 +339,7 @@ def test_a_killed_workers_jobs_run_again_before_its_visibility_timeout(make_farm
     farm: Farm = make_farm(SANDFARM_VISIBILITY_TIMEOUT_S="600", SANDFARM_REAPER_INTERVAL_S="1")
     victim = farm.start_worker("gone", 1)
     with farm.client() as client:
-        job_id = client.submit({"command": "sleep 2; echo done"})
-        info = wait_for(lambda: running(client, job_id), 20, what="job running")
-        assert info["worker"] == victim.name
+        job_id, info = a_running_job(client, victim)
         heir = farm.start_worker("heir", 1)
         victim.kill_all()
         # A SIGKILLed pool process takes a moment to exit once its parent is gone.

@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import redis
 from kombu.utils.json import dumps
 
 from producer.protocol import Heartbeat, RunningRecord, Settings, connect
@@ -26,11 +29,21 @@ def _unacked(r, settings: Settings, qid: str, tag: str, delivered: float) -> Non
     r.zadd(KOMBU_UNACKED_INDEX, {tag: delivered})
 
 
-def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: str) -> None:
+@contextmanager
+def _farm(
+    redis_url: str, **settings: object
+) -> Iterator[tuple[Settings, redis.Redis, FarmScripts]]:
+    """A private DB with a farm's own queue and prefix: its settings, client and scripts."""
     with private_db(redis_url) as url:
         tag = uuid.uuid4().hex[:6]
-        settings = Settings(redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:")
-        r, scripts = connect(url), FarmScripts(connect(url), settings)
+        values: dict = {"queue": f"q-{tag}", "key_prefix": f"f-{tag}:", **settings}
+        farm = Settings(redis_url=url, **values)
+        r = connect(url)
+        yield farm, r, FarmScripts(r, farm)
+
+
+def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: str) -> None:
+    with _farm(redis_url) as (settings, r, scripts):
         dead_pid = 2**22 + 7  # above any pid_max: never alive
         for qid in ("ran-here", "sent-on"):
             running = RunningRecord(worker="w1@host", pid=dead_pid, slot=0)
@@ -69,12 +82,7 @@ def test_a_lost_workers_runs_go_back_once_its_heartbeat_stood_still_and_it_is_fo
     reaper of its queue does (others_round), once its heartbeat has not moved for
     worker_lost_s by Redis's clock and through the reaper's own rounds, whatever its
     runs' pids (another host's: one alive here proves nothing of it)."""
-    with private_db(redis_url) as url:
-        tag = uuid.uuid4().hex[:6]
-        settings = Settings(
-            redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:", worker_lost_s=30
-        )
-        r, scripts = connect(url), FarmScripts(connect(url), settings)
+    with _farm(redis_url, worker_lost_s=30) as (settings, r, scripts):
         now = redis_clock(r)
         jobs = (
             ("far@other", None, "far-job", "t1"),
@@ -132,12 +140,7 @@ def test_a_workers_new_instance_gives_back_what_its_predecessor_began_once_sure(
     process is gone, once. Its own runs, runs of no instance, and a run whose pool
     process still lives here (the old main process killed, its child finishing: a
     review) stay."""
-    with private_db(redis_url) as url:
-        tag = uuid.uuid4().hex[:6]
-        settings = Settings(
-            redis_url=url, queue=f"q-{tag}", key_prefix=f"f-{tag}:", worker_lost_s=20
-        )
-        r, scripts = connect(url), FarmScripts(connect(url), settings)
+    with _farm(redis_url, worker_lost_s=20) as (settings, r, scripts):
         now = redis_clock(r)
         me = os.getpid()
         runs = (
