@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -52,6 +53,12 @@ def chain_s() -> float:
     return settings.chain_s if settings.prefetch_multiplier == 1 else 0.0
 
 
+def _delivery_tag(request: Any) -> str | None:
+    """kombu's tag of the delivered message (a uuid), if it looks like one."""
+    tag = (getattr(request, "properties", None) or {}).get("delivery_tag")
+    return tag if isinstance(tag, str) and re.fullmatch(r"[0-9A-Za-z-]{1,64}", tag) else None
+
+
 class Chain:
     """The jobs of one delivered message (whose qid is ``root``), in this pool process."""
 
@@ -70,6 +77,7 @@ class Chain:
             slot=slot_index(),
             instance=INSTANCE,
             process=process_identity(os.getpid()),
+            tag=_delivery_tag(request),
         )
         self._channel: str | None = None
 

@@ -8,8 +8,8 @@ default) sends them again. Its jobs waited that long (a reliability review).
 The reaper outlives its worker (its own session) to sweep the slots; once they are clean
 no process of the worker's jobs is left, so it gives back each message whose job's
 running record (``Keys.running``, or its chain's current job's) names this worker and a
-pool process that is gone, and whose delivery came before that run began: put back at
-the head of its queue, as kombu's own restore does, and removed from the unacked hash in
+pool process that is gone, and whose delivery is still the one that run began under:
+put back at the head of its queue, as kombu's own restore does, and removed from the unacked hash in
 the same step, so no other restore sends it twice. Only in a round whose sweeps (the
 slots, the worker's containers) all succeeded: a docker job's container outlives its
 pool process until it is reaped. A message the worker held but had not begun names no
@@ -28,13 +28,13 @@ from collections.abc import Callable
 import redis
 from kombu.utils.json import dumps, loads
 
-from producer.protocol import KOMBU_UNACKED, Settings
+from producer.protocol import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Settings
 from producer.protocol.records import RunningRecord
 
-# kombu's default ``unacked_index_key``: the delivery time of each unacked tag
-KOMBU_UNACKED_INDEX = "unacked_index"
-# The delivering host's clock (kombu's score) against Redis's (the run's start): a
-# message delivered more than this after its run began is another delivery's.
+# For a record without the score of its delivery (written before it was kept, or after
+# kombu's restore took the message from the index): the delivering host's clock
+# (kombu's score) against Redis's (the run's start). A message delivered more than this
+# after its run began is another delivery's.
 DELIVERY_SKEW_S = 1.0
 
 # Put back only the entry read (a worker's ack or kombu's restore may have taken it since).
@@ -74,11 +74,12 @@ def dead_here(worker: str, instance: str = "") -> RunTest:
 def _held_by_dead(
     client: redis.Redis, settings: Settings, qid: str, dead: RunTest, delivered: float
 ) -> bool:
-    """Is ``qid``'s message (or its chain's current job) run as ``dead`` says, and was it
-    delivered (at ``delivered``, kombu's unacked_index score) before that run began? A
-    message requeued when the job's pool process died and delivered to another worker
-    since still names the dead one until it begins there: given back then, it would run
-    twice (a review)."""
+    """Is ``qid``'s message (or its chain's current job) run as ``dead`` says, under the
+    delivery that stands (``delivered``, kombu's unacked_index score)? A message requeued
+    when the job's pool process died and delivered to another worker since still names
+    the dead one until it begins there: given back then, it would run twice (a review).
+    The run's record keeps its delivery's score, so no clock is compared: judged by
+    time, a host whose clock ran over a second ahead of Redis's gave nothing back."""
     keys = settings.keys
     current = client.hget(keys.chain(qid), "q")
     for job in {qid, current.decode() if isinstance(current, bytes) else qid}:
@@ -89,8 +90,10 @@ def _held_by_dead(
             record = RunningRecord.model_validate_json(raw)
         except ValueError:
             continue
-        began = record.at
-        if began is None or delivered > began + DELIVERY_SKEW_S:
+        if record.delivered is not None:
+            if record.delivered != delivered:  # delivered again since that run began
+                continue
+        elif record.at is None or delivered > record.at + DELIVERY_SKEW_S:
             continue
         if dead(record):
             return True

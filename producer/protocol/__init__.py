@@ -23,13 +23,14 @@ from producer.protocol.errors import (
     TenantError,
     TenantsFileError,
 )
-from producer.protocol.keys import KOMBU_UNACKED, Keys
+from producer.protocol.keys import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys
 from producer.protocol.records import Heartbeat, JobState, MessageMeta, RunningRecord
 from producer.protocol.scripts import FarmScripts
 from producer.protocol.settings import Settings, get_settings
 
 __all__ = [
     "KOMBU_UNACKED",
+    "KOMBU_UNACKED_INDEX",
     "TASK_NAME",
     "AuthError",
     "FarmError",

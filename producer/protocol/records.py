@@ -60,6 +60,8 @@ class RunningRecord(_Record):
     at: float | None = None  # when it began, by Redis's clock (lib_begin.lua stamps it)
     instance: str | None = None  # of its worker (worker/instance.py)
     process: str | None = None  # its pool process: "boot pidns start" (sandbox_core.procid)
+    tag: str | None = None  # the delivery tag of the message it runs under (kombu's)
+    delivered: float | None = None  # that delivery's unacked_index score (lib_begin.lua)
 
 
 def redis_clock(client: redis.Redis) -> float:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from producer.protocol import KOMBU_UNACKED_INDEX
 from sandbox_core import Status
 from sandbox_core.sweep import pids_of_uid
 from tests.conftest import job_shared_dir
@@ -331,15 +332,32 @@ def test_a_live_workers_long_job_is_never_taken_for_a_lost_ones(make_farm) -> No
         assert " lost (heartbeat still" not in farm.logs()
 
 
-def test_a_killed_workers_jobs_run_again_before_its_visibility_timeout(make_farm) -> None:  # noqa: F811
+# kombu stamps each delivery with its host's clock: this one runs 30 s ahead of Redis's.
+CLOCK_AHEAD = """
+import time as _time
+import kombu.transport.redis as _transport
+_transport.time = lambda: _time.time() + 30
+"""
+
+
+def test_a_killed_workers_jobs_run_again_before_its_visibility_timeout(
+    make_farm,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     """A worker SIGKILLed (main process and pool) left its running jobs' messages unacked
     until the visibility timeout, an hour by default, before anything ran them again (a
     reliability review). Its reaper, in its own session, gives them back once its slots
-    are clean (worker/giveback.py)."""
+    are clean (worker/giveback.py). Its host's clock runs ahead of Redis's: judged by
+    comparing kombu's delivery time with the run's start, it gave nothing back."""
     farm: Farm = make_farm(SANDFARM_VISIBILITY_TIMEOUT_S="600", SANDFARM_REAPER_INTERVAL_S="1")
-    victim = farm.start_worker("gone", 1)
+    (tmp_path / "sitecustomize.py").write_text(CLOCK_AHEAD)
+    victim = farm.start_worker("gone", 1, PYTHONPATH=str(tmp_path))
     with farm.client() as client:
         job_id, info = a_running_job(client, victim)
+        # its delivery was stamped by the fast clock, and its run keeps that stamp
+        delivered = client.redis.zscore(KOMBU_UNACKED_INDEX, info["tag"])
+        assert delivered is not None and delivered - info["at"] > 25, info
+        assert info["delivered"] == delivered
         heir = farm.start_worker("heir", 1)
         victim.kill_all()
         # A SIGKILLed pool process takes a moment to exit once its parent is gone.
