@@ -282,8 +282,14 @@ def import_(file: Path, redis_url: str | None) -> None:
     store, _ = _store(redis_url)
     try:
         done = tenant_backup.restore(store, backup)
-    except redis.RedisError as exc:  # each tenant is whole or absent: run it again
-        fail(f"Redis refused the import ({exc}); the tenants it names are whole or absent", 1)
+    except redis.exceptions.OutOfMemoryError:  # each tenant is whole or absent
+        fail(
+            "the farm's Redis is full (maxmemory): each tenant is whole or absent;"
+            " import again once there is room",
+            1,
+        )
+    except redis.RedisError as exc:
+        fail(f"Redis refused the import ({exc}); each tenant is whole or absent", 1)
     click.echo(
         f"{len(done.restored)} tenants restored with {done.keys} keys;"
         f" {len(done.kept)} already in the farm, left as they are"

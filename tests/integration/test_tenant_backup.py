@@ -17,7 +17,7 @@ from producer.protocol.tenant_store import TenantStore
 from producer.protocol.tenants import Policy, key_hash
 from tests.farmkit import SANDFARM, Farm
 from tests.gatewaykit import TenantFarm, api
-from tests.rediskit import private_redis
+from tests.rediskit import fill, oom_errors, private_redis
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,6 +128,32 @@ def test_import_refuses_a_name_or_a_key_the_farm_holds_for_someone_else(tmp_path
         assert store.get("gone") is None and store.get("thief") is None
         lookup = r.get(settings.keys.api_key(owner_key["digest"]))
         assert lookup == f"owner {owner_key['id']}".encode()
+
+
+def test_a_full_redis_refuses_an_import_in_one_line_and_it_runs_again(tmp_path: Path) -> None:
+    """Redis refusing the import (full, here) is one line, exit 1, never a traceback; each
+    tenant is whole or absent, so the same import runs again once there is room."""
+    with private_redis(tmp_path) as server:
+        farm = Farm(server.url, tmp_path)
+        r = connect(server.url)
+        store = TenantStore(r, farm.settings.keys)
+        backup = tmp_path / "tenants.json"
+        _export(store, backup, "team-a", "team-b")
+        r.flushall()
+        fill(r)
+        out = sandfarm(farm, "tenant", "import", str(backup))
+        assert out.returncode == 1, out
+        assert oom_errors(r) > 0  # Redis did refuse it
+        (line,) = out.stderr.strip().splitlines()
+        assert line.endswith(
+            "error: the farm's Redis is full (maxmemory): each tenant is"
+            " whole or absent; import again once there is room"
+        ), line
+        assert store.get("team-a") is None and store.get("team-b") is None
+        r.config_set("maxmemory", 0)
+        out = sandfarm(farm, "tenant", "import", str(backup))
+        assert out.returncode == 0 and "2 tenants restored with 2 keys" in out.stdout, out
+        assert store.key_ids("team-a") and store.key_ids("team-b")
 
 
 @pytest.mark.parametrize(
