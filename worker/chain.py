@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 import os
 import re
 import time
@@ -41,6 +42,7 @@ from worker import events
 from worker.app import settings, slot_index, stopping
 from worker.instance import INSTANCE, process_identity
 from worker.jobs import Job, client, scripts, spec_digest_of, timeout_of
+from worker.kombu_fixes import DELIVERED_PROPERTY
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,10 +55,14 @@ def chain_s() -> float:
     return settings.chain_s if settings.prefetch_multiplier == 1 else 0.0
 
 
-def _delivery_tag(request: Any) -> str | None:
-    """kombu's tag of the delivered message (a uuid), if it looks like one."""
-    tag = (getattr(request, "properties", None) or {}).get("delivery_tag")
-    return tag if isinstance(tag, str) and re.fullmatch(r"[0-9A-Za-z-]{1,64}", tag) else None
+def _delivery(request: Any) -> tuple[str | None, float | None]:
+    """kombu's tag of the delivered message (a uuid) and the score its delivery has in
+    kombu's index (worker/kombu_fixes.py), if they look like them."""
+    properties = getattr(request, "properties", None) or {}
+    tag, score = properties.get("delivery_tag"), properties.get(DELIVERED_PROPERTY)
+    if not isinstance(tag, str) or not re.fullmatch(r"[0-9A-Za-z-]{1,64}", tag):
+        return None, None
+    return tag, score if isinstance(score, float) and math.isfinite(score) else None
 
 
 class Chain:
@@ -71,13 +77,15 @@ class Chain:
         hard_soft = request.timelimit or (None, None)
         soft = hard_soft[1] or margins.WORKER_SOFT_LIMIT_S
         self.limit_s = min(float(soft), settings.visibility_timeout) - margins.CHAIN_SLACK_S
+        tag, delivered = _delivery(request)
         self.running = RunningRecord(
             worker=self.hostname,
             pid=os.getpid(),
             slot=slot_index(),
             instance=INSTANCE,
             process=process_identity(os.getpid()),
-            tag=_delivery_tag(request),
+            tag=tag,
+            delivered=delivered,
         )
         self._channel: str | None = None
 

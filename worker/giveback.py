@@ -26,10 +26,11 @@ import os
 from collections.abc import Callable
 
 import redis
-from kombu.utils.json import dumps, loads
+from kombu.utils.json import loads
 
 from producer.protocol import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Settings
 from producer.protocol.records import RunningRecord
+from worker.kombu_fixes import compact_dumps
 
 # For a record without the score of its delivery (written before it was kept, or after
 # kombu's restore took the message from the index): the delivering host's clock
@@ -37,9 +38,13 @@ from producer.protocol.records import RunningRecord
 # after its run began is another delivery's.
 DELIVERY_SKEW_S = 1.0
 
-# Put back only the entry read (a worker's ack or kombu's restore may have taken it since).
+# Put back only the delivery read: a worker's ack or kombu's restore may have taken it
+# since, and a later delivery of a message restored before writes the same entry (only
+# its score tells them apart: an attack review).
 _GIVE_BACK = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[4]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('RPUSH', KEYS[3], ARGV[3])
@@ -72,14 +77,15 @@ def dead_here(worker: str, instance: str = "") -> RunTest:
 
 
 def _held_by_dead(
-    client: redis.Redis, settings: Settings, qid: str, dead: RunTest, delivered: float
+    client: redis.Redis, settings: Settings, qid: str, dead: RunTest, tag: str, delivered: float
 ) -> bool:
     """Is ``qid``'s message (or its chain's current job) run as ``dead`` says, under the
-    delivery that stands (``delivered``, kombu's unacked_index score)? A message requeued
-    when the job's pool process died and delivered to another worker since still names
-    the dead one until it begins there: given back then, it would run twice (a review).
-    The run's record keeps its delivery's score, so no clock is compared: judged by
-    time, a host whose clock ran over a second ahead of Redis's gave nothing back."""
+    delivery that stands (``tag``, and ``delivered``, its kombu unacked_index score)? A
+    message requeued when the job's pool process died and delivered to another worker
+    since still names the dead one until it begins there: given back then, it would run
+    twice (a review). The run's record keeps its delivery's tag and score as the worker
+    received them (worker/kombu_fixes.py), so no clock is compared: judged by time, a
+    host whose clock ran over a second ahead of Redis's gave nothing back."""
     keys = settings.keys
     current = client.hget(keys.chain(qid), "q")
     for job in {qid, current.decode() if isinstance(current, bytes) else qid}:
@@ -90,8 +96,8 @@ def _held_by_dead(
             record = RunningRecord.model_validate_json(raw)
         except ValueError:
             continue
-        if record.delivered is not None:
-            if record.delivered != delivered:  # delivered again since that run began
+        if record.tag is not None:  # that delivery, or (no score known) none
+            if (record.tag, record.delivered) != (tag, delivered):
                 continue
         elif record.at is None or delivered > record.at + DELIVERY_SKEW_S:
             continue
@@ -112,10 +118,12 @@ def give_back(client: redis.Redis, settings: Settings, dead: RunTest) -> int:
         if routing_key != settings.queue or not isinstance(qid, str):
             continue
         delivered = client.zscore(KOMBU_UNACKED_INDEX, tag)
-        if delivered is None or not _held_by_dead(client, settings, qid, dead, delivered):
+        name = tag.decode() if isinstance(tag, bytes) else str(tag)
+        if delivered is None or not _held_by_dead(client, settings, qid, dead, name, delivered):
             continue
         message["headers"]["redelivered"] = True
-        with_flag = dumps(message)
+        with_flag = compact_dumps(message)  # as the transport writes it (kombu_fixes 4.)
         keys = [KOMBU_UNACKED, KOMBU_UNACKED_INDEX, settings.queue]
-        given += int(client.eval(_GIVE_BACK, len(keys), *keys, tag, entry, with_flag))
+        args = (tag, entry, with_flag, repr(delivered))
+        given += int(client.eval(_GIVE_BACK, len(keys), *keys, *args))
     return given

@@ -39,13 +39,22 @@ seeded text held up to 24 MiB more in Redis, counted by no quota, and through th
 allow-oom record above past ``maxmemory`` (a second review: +172 MiB over it with 8
 such jobs). The transport writes UTF-8 now, as the producer does (kombu's own encoder
 where the standard one cannot: a lone surrogate, a type it does not know).
+
+5. Each delivery's score, handed to its task. A dead worker's reaper gives back the
+messages of its runs (worker/giveback.py), and must tell the delivery a run began under
+from a later one (the message requeued and delivered to a live worker that has not
+begun it). It compared kombu's score, the delivering host's clock, with the run's start
+by Redis's: a host whose clock ran ahead of Redis's gave nothing back. The task now
+finds the score kombu wrote in its message's properties (``sandfarm_delivered``), and
+its run's record keeps it with the delivery tag: a message goes back only while that
+very delivery stands (an attack review: a score read as the job began could already be
+a redelivery's).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -78,7 +87,7 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
     yield shared
 
 
-def _compact_dumps(value: Any, *args: Any, **kwargs: Any) -> Any:
+def compact_dumps(value: Any, *args: Any, **kwargs: Any) -> Any:
     if args or kwargs:  # a caller asking for kombu's own options gets them
         return kombu_dumps(value, *args, **kwargs)
     try:
@@ -90,7 +99,9 @@ def _compact_dumps(value: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 _QoS = kombu_redis.QoS
-_original_append, _original_ack, _original_reject = _QoS.append, _QoS.ack, _QoS.reject
+_original_ack, _original_reject = _QoS.ack, _QoS.reject
+# Where the task finds its delivery's score in the index (worker/chain.py).
+DELIVERED_PROPERTY = "sandfarm_delivered"
 
 
 def _remove_when_full(qos: Any, delivery_tag: str) -> None:
@@ -110,15 +121,21 @@ return 1
 
 
 def _append(self: Any, message: Any, delivery_tag: str) -> None:
+    """kombu's append (the delivery's time in the index, the message in the hash), as a
+    script when Redis is full (3.), and with the score written handed to the task in
+    the message's properties (5.)."""
+    delivery = message.delivery_info
+    raw = kombu_redis.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+    score = kombu_redis.time()  # kombu's clock, as kombu stamps a delivery
+    keys = (self.unacked_index_key, self.unacked_key)
     try:
-        _original_append(self, message, delivery_tag)
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(keys[0], {delivery_tag: score}).hset(keys[1], delivery_tag, raw).execute()
     except redis.exceptions.OutOfMemoryError:
-        delivery = message.delivery_info
-        raw = _compact_dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
-        keys = (self.unacked_index_key, self.unacked_key)
         with self.channel.conn_or_acquire() as client:
-            client.eval(_RECORD_WHEN_FULL, 2, *keys, time.time(), delivery_tag, raw)
-        virtual.QoS.append(self, message, delivery_tag)
+            client.eval(_RECORD_WHEN_FULL, 2, *keys, score, delivery_tag, raw)
+    virtual.QoS.append(self, message, delivery_tag)
+    message.properties[DELIVERED_PROPERTY] = score  # after the write: never stored with it
 
 
 def _ack(self: Any, delivery_tag: str) -> None:
@@ -148,4 +165,4 @@ def apply() -> None:
         _QoS.append = _append  # type: ignore[method-assign]
         _QoS.ack = _ack  # type: ignore[method-assign]
         _QoS.reject = _reject  # type: ignore[method-assign]
-        kombu_redis.dumps = _compact_dumps  # type: ignore[assignment]  # records, put-backs
+        kombu_redis.dumps = compact_dumps  # type: ignore[assignment]  # records, put-backs

@@ -6,7 +6,7 @@ from __future__ import annotations
 # kombu's Redis transport keeps delivered-but-unacked messages in this hash (its default
 # ``unacked_key``), and the time of each delivery in this sorted set (its
 # ``unacked_index_key``): the farm counts the first, and a dead worker's reaper gives its
-# runs' messages back from both (worker/giveback.py; lib_begin.lua reads the index too).
+# runs' messages back from both (worker/giveback.py).
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"
 

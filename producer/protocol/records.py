@@ -61,7 +61,7 @@ class RunningRecord(_Record):
     instance: str | None = None  # of its worker (worker/instance.py)
     process: str | None = None  # its pool process: "boot pidns start" (sandbox_core.procid)
     tag: str | None = None  # the delivery tag of the message it runs under (kombu's)
-    delivered: float | None = None  # that delivery's unacked_index score (lib_begin.lua)
+    delivered: float | None = None  # that delivery's unacked_index score (kombu_fixes.py)
 
 
 def redis_clock(client: redis.Redis) -> float:

@@ -68,26 +68,48 @@ def test_only_a_message_its_dead_run_was_delivered_by_is_given_back(redis_url: s
         assert give_back(r, settings, dead_here("w1@host")) == 0
 
 
-def test_a_run_is_matched_to_its_delivery_by_the_score_it_began_under(redis_url: str) -> None:
+def test_a_run_is_matched_to_its_delivery_by_its_tag_and_score_not_by_clocks(
+    redis_url: str,
+) -> None:
     """kombu stamps a delivery with its host's clock, a run begins by Redis's: judged by
-    comparing them, a host whose clock ran over a second ahead gave nothing back. The run
-    keeps its delivery's score (lib_begin.lua), whatever the clocks say."""
+    comparing them, a host whose clock ran over a second ahead gave nothing back. A run's
+    record keeps its delivery's tag and score as the worker received them
+    (kombu_fixes.py), and a message goes back only while that very delivery stands."""
     with _farm(redis_url) as (settings, r, scripts):
         dead_pid = 2**22 + 7  # above any pid_max: never alive
         ahead = redis_clock(r) + 3600  # the delivering host's clock, an hour ahead
-        for qid in ("ran-here", "sent-on"):
-            _unacked(r, settings, qid, f"tag-{qid}", ahead)
-            running = RunningRecord(worker="w1@host", pid=dead_pid, slot=0, tag=f"tag-{qid}")
+
+        def begin(qid: str, tag: str, delivered: float | None) -> None:
+            running = RunningRecord(
+                worker="w1@host", pid=dead_pid, slot=0, tag=tag, delivered=delivered
+            )
             assert scripts.begin_attempt(qid, running, 30, uuid.uuid4().hex) is not None
-            record = RunningRecord.model_validate_json(r.get(settings.keys.running(qid)))
-            assert record.delivered == ahead and record.at is not None  # kept as delivered
-            assert record.delivered - record.at > 3000  # judged by time: not its delivery
-        # its pool process died and it was delivered again (a moment later, by a host
-        # whose clock is behind): not w1's to give back
+
+        for qid in ("ran-here", "sent-on", "raced"):
+            _unacked(r, settings, qid, f"tag-{qid}", ahead)
+            begin(qid, f"tag-{qid}", ahead)
+        # began after its delivery was gone (restored), so any entry of its tag is a later
+        # delivery's, even one that by the clocks came just before it began
+        begin("no-score", "tag-no-score", None)
+        _unacked(r, settings, "no-score", "tag-no-score", redis_clock(r) - 0.5)
+        began = RunningRecord.model_validate_json(r.get(settings.keys.running("ran-here"))).at
+        assert began is not None and ahead - began > 3000  # judged by time: not its delivery
+        # its pool process died and it was delivered again (by a host whose clock is
+        # behind): not w1's to give back
         r.zadd(KOMBU_UNACKED_INDEX, {"tag-sent-on": ahead - 7200})
-        assert give_back(r, settings, dead_here("w1@host")) == 1
+
+        def dead_and_raced(record: RunningRecord) -> bool:
+            # kombu restores "raced" and delivers it again after its score was read: the
+            # same entry, another score (an attack review)
+            if record.tag == "tag-raced":
+                r.zadd(KOMBU_UNACKED_INDEX, {"tag-raced": ahead + 1})
+            return dead_here("w1@host")(record)
+
+        assert give_back(r, settings, dead_and_raced) == 1
         assert not r.hexists(KOMBU_UNACKED, "tag-ran-here")
-        assert r.hexists(KOMBU_UNACKED, "tag-sent-on")  # left with its holder
+        for left in ("tag-sent-on", "tag-raced", "tag-no-score"):  # with their holders
+            assert r.hexists(KOMBU_UNACKED, left) and r.zscore(KOMBU_UNACKED_INDEX, left)
+        assert r.llen(settings.queue) == 1
 
 
 def _heartbeat(settings: Settings, ts: float, **fields: object) -> str:

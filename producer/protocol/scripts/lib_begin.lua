@@ -21,18 +21,9 @@ local function begin_job(prefix, qid, running, running_for, now, ttl, stats_ttl)
     redis.call('HINCRBY', prefix .. 'stats', 'redeliveries', 1)
     redis.call('EXPIRE', prefix .. 'stats', stats_ttl)
   end
-  -- stamped with when it began, by Redis's clock, and with the score kombu gave the
-  -- delivery it runs under (kombu's 'unacked_index', protocol/keys.py): a dead worker's
-  -- reaper gives a message back only while that delivery stands (worker/giveback.py)
-  local stamp = string.format(',"at":%.3f', now)
-  local ok, record = pcall(cjson.decode, running)
-  local tag = ok and type(record) == 'table' and record['tag']
-  if type(tag) == 'string' then
-    local score = redis.call('ZSCORE', 'unacked_index', tag)
-    local n = score and tonumber(score)
-    if n and n > -math.huge and n < math.huge then stamp = stamp .. ',"delivered":' .. score end
-  end
-  local stamped = string.sub(running, 1, -2) .. stamp .. '}'
+  -- stamped with when it began, by Redis's clock (worker/giveback.py: for a record
+  -- without its delivery's tag and score, which the worker writes into it)
+  local stamped = string.sub(running, 1, -2) .. string.format(',"at":%.3f}', now)
   redis.call('SET', prefix .. 'running:' .. qid, stamped, 'EX', math.max(1, math.floor(running_for)))
   -- entries past their expiry (jobs of killed workers) are dropped here and by status()
   local inflight = prefix .. 'inflight'
