@@ -144,8 +144,11 @@ def test_whole_worker_killed_mid_chained_job_another_runs_it(make_farm) -> None:
 def test_a_dead_chains_message_taken_by_another_chain_runs_its_job(make_farm) -> None:  # noqa: F811
     """The dead worker's message comes back while a survivor's slot is chaining: the
     survivor's chain step may pop it before any worker's own delivery does. The job the
-    dead chain was running must still run (review finding: it was dropped)."""
-    farm: Farm = make_farm(**CHAINING)
+    dead chain was running must still run (review finding: it was dropped). The message
+    comes back as a lost host's does: the survivor's reaper gives it back once the dead
+    worker's heartbeat is SANDFARM_WORKER_LOST_S old (worker/lostworkers.py), mid-chain
+    (kombu's restore after the visibility timeout takes the same way back, 40 s later)."""
+    farm: Farm = make_farm(**CHAINING, SANDFARM_WORKER_LOST_S="6")
     victim = farm.start_worker("dvictim", 1)
     with farm.client() as client:
         first, second = client.submit_many(
@@ -158,22 +161,25 @@ def test_a_dead_chains_message_taken_by_another_chain_runs_its_job(make_farm) ->
         wait_for(lambda: running(client, second), 20, what="the chain's job running")
         assert chain_of(client, root).get("q") == held  # it came by a chain
         # its reaper too (a host lost): else it gives the message back at once, before the
-        # survivor chains; kombu's restore brings it back after 40 s, mid-chain
+        # survivor chains
         reaper = victim.reaper_pid()
         assert reaper is not None
         os.kill(reaper, signal.SIGKILL)
         victim.kill_all()
         farm.start_worker("dsurvivor", 1)
-        # keep the survivor chaining past the visibility timeout's restore
+        # keep the survivor chaining past the give-back
         filler = client.submit_many(
-            [{"command": "sleep 0.15", "limits": {"timeout_s": 2}} for _ in range(400)]
+            [{"command": "sleep 0.15", "limits": {"timeout_s": 2}} for _ in range(200)]
         )
-        result = client.result(second, timeout=90)
+        result = client.result(second, timeout=60)
         assert result is not None, farm.logs()
         assert result.status == Status.SUCCEEDED and result.attempts == 2
         assert result.steps[0].stdout == "done\n"
         assert client.status()["duplicates"] == 0
-        assert chained(client) > 10 and len(filler) == 400
+        assert chained(client) > 10 and len(filler) == 200
+        assert f"{victim.name} lost" in farm.logs()  # came back by the give-back
+        # ... and a chain step took it: the survivor was chaining fillers all along
+        assert client.result(filler[-1]) is None
 
 
 def chained(client) -> int:

@@ -136,7 +136,10 @@ def test_a_network_job_reaches_no_abstract_unix_socket_made_outside_it(network_b
     first.start()
     try:
         deadline = time.monotonic() + 30
+        # (a job that ended, or never ran, makes none: no use waiting out the deadline)
         while f"{tag}-job" not in _abstract_names() and time.monotonic() < deadline:
+            if not first.is_alive():
+                break
             time.sleep(0.05)
         assert f"{tag}-job" in _abstract_names()  # the other job's socket is up
         targets = {"TARGETS": f"{tag}-host,{tag}-job", "OWN": f"{tag}-own"}
@@ -234,6 +237,7 @@ def test_what_a_network_job_sent_as_it_ended_reaches_its_peer(network_backends):
 
     def slow_peer() -> None:  # takes nothing for 0.3 s, then reads to the end
         conn, _ = server.accept()
+        got["connected"] = True
         time.sleep(0.3)
         total = 0
         try:
@@ -251,13 +255,17 @@ def test_what_a_network_job_sent_as_it_ended_reaches_its_peer(network_backends):
     env = {"PORT": str(server.getsockname()[1]), "SEND": str(send)}
     try:
         result = _run(network_backends[0], SENDS_AND_EXITS, env)
-        reader.join(30)
+        # the job connected before it ended, if it ran: accepted at once then
+        deadline = time.monotonic() + 5
+        while "connected" not in got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reader.join(30 if "connected" in got else 0)
     finally:
         server.close()
     assert result.status == Status.SUCCEEDED, result
     uid, queued = (int(word) for word in result.steps[0].stdout.split())
     assert queued > send // 2, result.steps[0]  # still queued as it ended
-    assert got == {"end": "eof", "total": send}, got
+    assert got == {"connected": True, "end": "eof", "total": send}, got
     assert sockdiag.sockets_of(uid) == []
 
 
