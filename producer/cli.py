@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from producer.commands import batch, evaluate, farm, jobs, local, report, tenants
-from producer.commands.common import fail
+from producer.commands.common import fail, redis_failure
 from producer.protocol.errors import FarmError, IdConflictError
 from sandbox_core.errors import SandfarmError
 
@@ -28,17 +28,7 @@ class Sandfarm(click.Group):
 
             if not isinstance(exc, redis.RedisError):
                 raise
-            fail(_redis_failure(exc), 1)
-
-
-def _redis_failure(exc: Exception) -> str:
-    """A Redis error a command met mid-way, in one line."""
-    import redis
-
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):  # maxmemory, noeviction
-        return "the farm's Redis is full (maxmemory): nothing was taken; try again later"
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return f"the farm's Redis failed: {first}"
+            fail(redis_failure(exc), 1)
 
 
 @click.group(cls=Sandfarm, context_settings={"help_option_names": ["-h", "--help"]})

@@ -55,12 +55,15 @@ def chain_s() -> float:
     return settings.chain_s if settings.prefetch_multiplier == 1 else 0.0
 
 
+_TAG = re.compile(r"[0-9A-Za-z-]{1,64}")  # kombu's delivery tags are uuids
+
+
 def _delivery(request: Any) -> tuple[str | None, float | None]:
     """kombu's tag of the delivered message (a uuid) and the score its delivery has in
     kombu's index (worker/kombu_fixes.py), if they look like them."""
     properties = getattr(request, "properties", None) or {}
     tag, score = properties.get("delivery_tag"), properties.get(DELIVERED_PROPERTY)
-    if not isinstance(tag, str) or not re.fullmatch(r"[0-9A-Za-z-]{1,64}", tag):
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
         return None, None
     return tag, score if isinstance(score, float) and math.isfinite(score) else None
 

@@ -8,9 +8,10 @@ default) sends them again. Its jobs waited that long (a reliability review).
 The reaper outlives its worker (its own session) to sweep the slots; once they are clean
 no process of the worker's jobs is left, so it gives back each message whose job's
 running record (``Keys.running``, or its chain's current job's) names this worker and a
-pool process that is gone, and whose delivery is still the one that run began under:
-put back at the head of its queue, as kombu's own restore does, and removed from the unacked hash in
-the same step, so no other restore sends it twice. Only in a round whose sweeps (the
+pool process that is gone, and whose delivery is still the one that run began under
+(its tag and score, kept in the record): put back at the head of its queue, as kombu's
+own restore does, and removed from the unacked hash in the same step, so no other
+restore sends it twice. Only in a round whose sweeps (the
 slots, the worker's containers) all succeeded: a docker job's container outlives its
 pool process until it is reaped. A message the worker held but had not begun names no
 one: it waits for the visibility timeout, as before.
@@ -32,10 +33,10 @@ from producer.protocol import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Settings
 from producer.protocol.records import RunningRecord
 from worker.kombu_fixes import compact_dumps
 
-# For a record without the score of its delivery (written before it was kept, or after
-# kombu's restore took the message from the index): the delivering host's clock
-# (kombu's score) against Redis's (the run's start). A message delivered more than this
-# after its run began is another delivery's.
+# Only for a record without a delivery tag (written by a worker of before stop 41, and
+# gone once such workers are: a record lives its job's timeout + 120 s): the delivering
+# host's clock (kombu's score) against Redis's (the run's start). A message delivered
+# more than this after its run began is another delivery's.
 DELIVERY_SKEW_S = 1.0
 
 # Put back only the delivery read: a worker's ack or kombu's restore may have taken it

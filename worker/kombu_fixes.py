@@ -88,6 +88,7 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
 
 
 def compact_dumps(value: Any, *args: Any, **kwargs: Any) -> Any:
+    """JSON as UTF-8 without spaces (4.); kombu's encoder where the standard one fails."""
     if args or kwargs:  # a caller asking for kombu's own options gets them
         return kombu_dumps(value, *args, **kwargs)
     try:
@@ -127,13 +128,13 @@ def _append(self: Any, message: Any, delivery_tag: str) -> None:
     delivery = message.delivery_info
     raw = kombu_redis.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
     score = kombu_redis.time()  # kombu's clock, as kombu stamps a delivery
-    keys = (self.unacked_index_key, self.unacked_key)
+    index, messages = self.unacked_index_key, self.unacked_key
     try:
         with self.pipe_or_acquire() as pipe:
-            pipe.zadd(keys[0], {delivery_tag: score}).hset(keys[1], delivery_tag, raw).execute()
+            pipe.zadd(index, {delivery_tag: score}).hset(messages, delivery_tag, raw).execute()
     except redis.exceptions.OutOfMemoryError:
         with self.channel.conn_or_acquire() as client:
-            client.eval(_RECORD_WHEN_FULL, 2, *keys, score, delivery_tag, raw)
+            client.eval(_RECORD_WHEN_FULL, 2, index, messages, score, delivery_tag, raw)
     virtual.QoS.append(self, message, delivery_tag)
     message.properties[DELIVERED_PROPERTY] = score  # after the write: never stored with it
 

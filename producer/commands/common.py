@@ -31,6 +31,17 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def redis_failure(exc: Exception, when_full: str = "nothing was taken; try again later") -> str:
+    """A Redis error a command met mid-way, in one line (``when_full``: what a full Redis
+    left, and what to do)."""
+    import redis
+
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):  # maxmemory, noeviction
+        return f"the farm's Redis is full (maxmemory): {when_full}"
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"the farm's Redis failed: {first}"
+
+
 def farm_settings(**overrides: Any) -> Settings:
     """The settings, or one line naming the bad one (exit 1: the farm cannot be reached)."""
     try:

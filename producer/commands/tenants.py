@@ -11,7 +11,7 @@ from typing import Any
 import click
 import redis
 
-from producer.commands.common import fail, reachable_settings
+from producer.commands.common import fail, reachable_settings, redis_failure
 from producer.protocol import FarmScripts, TenantError, TenantsFileError, connect, tenant_backup
 from producer.protocol.tenant_store import TenantStore, text
 from producer.protocol.tenants import (
@@ -282,14 +282,10 @@ def import_(file: Path, redis_url: str | None) -> None:
     store, _ = _store(redis_url)
     try:
         done = tenant_backup.restore(store, backup)
-    except redis.exceptions.OutOfMemoryError:  # each tenant is whole or absent
-        fail(
-            "the farm's Redis is full (maxmemory): each tenant is whole or absent;"
-            " import again once there is room",
-            1,
-        )
-    except redis.RedisError as exc:
-        fail(f"Redis refused the import ({exc}); each tenant is whole or absent", 1)
+    except redis.RedisError as exc:  # each tenant is one Lua step: whole or absent
+        whole = "each tenant is whole or absent: import again"
+        full = isinstance(exc, redis.exceptions.OutOfMemoryError)
+        fail(redis_failure(exc, f"{whole} once there is room") + ("" if full else f"; {whole}"), 1)
     click.echo(
         f"{len(done.restored)} tenants restored with {done.keys} keys;"
         f" {len(done.kept)} already in the farm, left as they are"

@@ -351,7 +351,8 @@ def test_a_killed_workers_jobs_run_again_before_its_visibility_timeout(
     comparing kombu's delivery time with the run's start, it gave nothing back."""
     farm: Farm = make_farm(SANDFARM_VISIBILITY_TIMEOUT_S="600", SANDFARM_REAPER_INTERVAL_S="1")
     (tmp_path / "sitecustomize.py").write_text(CLOCK_AHEAD)
-    victim = farm.start_worker("gone", 1, PYTHONPATH=str(tmp_path))
+    paths = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    victim = farm.start_worker("gone", 1, PYTHONPATH=paths)
     with farm.client() as client:
         job_id, info = a_running_job(client, victim)
         # its delivery was stamped by the fast clock, and its run keeps that stamp

@@ -14,12 +14,19 @@ from contextlib import contextmanager
 import redis
 from kombu.utils.json import dumps
 
-from producer.protocol import Heartbeat, RunningRecord, Settings, connect
+from producer.protocol import (
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
+    Heartbeat,
+    RunningRecord,
+    Settings,
+    connect,
+)
 from producer.protocol.records import redis_clock
 from producer.protocol.scripts import FarmScripts
 from sandbox_core.procid import boot_id, identity, pid_namespace
 from tests.farmkit import private_db
-from worker.giveback import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, dead_here, give_back
+from worker.giveback import dead_here, give_back
 from worker.lostworkers import LostWatch, others_round, predecessors_due
 
 
@@ -88,8 +95,8 @@ def test_a_run_is_matched_to_its_delivery_by_its_tag_and_score_not_by_clocks(
         for qid in ("ran-here", "sent-on", "raced"):
             _unacked(r, settings, qid, f"tag-{qid}", ahead)
             begin(qid, f"tag-{qid}", ahead)
-        # began after its delivery was gone (restored), so any entry of its tag is a later
-        # delivery's, even one that by the clocks came just before it began
+        # a record with a tag but no score (its worker was handed none) matches no
+        # delivery, even one that by the clocks came just before it began
         begin("no-score", "tag-no-score", None)
         _unacked(r, settings, "no-score", "tag-no-score", redis_clock(r) - 0.5)
         began = RunningRecord.model_validate_json(r.get(settings.keys.running("ran-here"))).at

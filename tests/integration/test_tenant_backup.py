@@ -146,8 +146,8 @@ def test_a_full_redis_refuses_an_import_in_one_line_and_it_runs_again(tmp_path: 
         assert oom_errors(r) > 0  # Redis did refuse it
         (line,) = out.stderr.strip().splitlines()
         assert line.endswith(
-            "error: the farm's Redis is full (maxmemory): each tenant is"
-            " whole or absent; import again once there is room"
+            "error: the farm's Redis is full (maxmemory): each tenant is whole or absent:"
+            " import again once there is room"
         ), line
         assert store.get("team-a") is None and store.get("team-b") is None
         r.config_set("maxmemory", 0)
